@@ -1,0 +1,224 @@
+"""ChunkMetadataBuilder: persistent buffers, a host plan and one device fill per build.
+
+Buffers (allocated once, on the builder's device, in ``ring_depth`` slots):
+
+* ``cu_seqlens``  int32 ``[ring_depth, max_num_seqs + 2]``
+* ``chunk_offsets`` int64 ``[ring_depth, max_num_seqs + 2]``
+* ``chunk_indices`` int32 ``[ring_depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
+* ``cu_seqlens_cpu`` int32 ``[ring_depth, max_num_seqs + 2]`` on the host
+
+(``+ 2``: the padded layout reserves one zero-length tail sequence for padding rows.)
+
+The ring rule: build ``k`` writes slot ``k % ring_depth`` and returns views of it. The object
+returned by build ``k`` keeps its values through builds ``k+1 .. k+ring_depth-1``; build
+``k+ring_depth`` reuses its slot and retires it (``is_live`` turns False, ``check_live`` raises).
+On one CUDA stream the GPU side is safe at any depth (the next fill is queued after every kernel
+already queued that reads the slot); the depth bounds how long the *host* may hold an object and
+still queue work that reads it. See the README's "Integrating with a scheduler".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+from chunkmeta import plan as _plan
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.torch_fill import fill_torch
+
+BACKENDS = ("auto", "triton", "torch")
+PADS = ("tail", "negative")
+_VIEW_CACHE_LIMIT = 4096
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        raise ChunkMetaError(f"backend={backend!r}: must be one of {BACKENDS}.")
+    has_triton = importlib.util.find_spec("triton") is not None
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and has_triton else "torch"
+    if backend == "triton" and not has_triton:
+        raise ChunkMetaError("backend='triton' needs the triton package; use backend='torch'.")
+    return backend
+
+
+class ChunkMetadataBuilder:
+    """Builds one step's ``ChunkMetadata`` into persistent buffers, with no host<->device sync.
+
+    ``build`` gives FLA's exact layout (tensors sized N+1 / NT); ``build_padded`` gives the
+    capacity-shaped layout whose shapes never change (for CUDA graphs and static-shape callers).
+    """
+
+    def __init__(self, max_num_seqs: int, max_num_tokens: int, *, chunk_size: int = 64,
+                 device: torch.device | str, backend: str = "auto", ring_depth: int = 4):
+        self.capacity = _plan.capacity_for(max_num_seqs, max_num_tokens, chunk_size)
+        if not isinstance(ring_depth, int) or isinstance(ring_depth, bool) or not 1 <= ring_depth <= 64:
+            raise ChunkMetaError(f"ring_depth={ring_depth!r}: must be an int in [1, 64].")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ChunkMetaError(f"device={device!r}: not a torch device ({exc}).") from None
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.chunk_size = chunk_size
+        self.ring_depth = ring_depth
+        self.backend = resolve_backend(backend, device)
+
+        cap = self.capacity
+        # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
+        self._cu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32, device=device)
+        self._offsets = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int64, device=device)
+        self._indices = torch.zeros(ring_depth, cap.rows, 2, dtype=torch.int32, device=device)
+        self._cu_cpu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32)
+        self._cu_cpu_np = self._cu_cpu.numpy()
+        self._params = torch.zeros(2, dtype=torch.int32, device=device)  # unused by eager fills
+
+        self._fills: dict[bool, object] = {}
+        self._views: dict[tuple, tuple] = {}
+        self._slot_generation = [0] * ring_depth
+        self._builds = 0
+        # Identity caches: engines pass the same persistent tensors step after step, so their
+        # type/shape checks and the torch->numpy view are done once per tensor, not per step.
+        self._last_cpu = None
+        self._last_cpu_array = None
+        self._last_cpu_len = -1
+        self._last_dev = None
+        self._last_dev_len = -1
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def builds(self) -> int:
+        """Number of builds so far (the generation of the newest ChunkMetadata)."""
+        return self._builds
+
+    @property
+    def padded_num_seqs(self) -> dict[str, int]:
+        """Sequences in the padded layout's cu_seqlens, per pad mode (cu_seqlens has one more entry)."""
+        return {"tail": self.capacity.seqs + 1, "negative": self.capacity.seqs}
+
+    def build(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
+              num_seqs: int | None = None) -> ChunkMetadata:
+        """FLA's exact layout for requests ``[first_seq, first_seq + num_seqs)`` of the batch."""
+        step = self._plan(query_start_loc, query_start_loc_cpu, first_seq, num_seqs)
+        return self._build(query_start_loc, step, None)
+
+    def build_padded(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
+                     num_seqs: int | None = None, pad: str = "tail") -> ChunkMetadata:
+        """The capacity-shaped layout: cu_seqlens/chunk_offsets padded with zero-length tail
+        sequences, chunk_indices with padding rows after every real row.
+
+        ``pad="tail"``: padding rows are ``(max_num_seqs, 0)``, the reserved zero-length tail
+        sequence (``cu_seqlens`` has ``max_num_seqs + 2`` entries) — harmless to every FLA kernel.
+        ``pad="negative"``: padding rows are ``(-1, 0)`` and ``cu_seqlens`` has
+        ``max_num_seqs + 1`` entries — FLA's KDA ``use_graph=True`` contract.
+        """
+        if pad not in PADS:
+            raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
+        step = self._plan(query_start_loc, query_start_loc_cpu, first_seq, num_seqs)
+        return self._build(query_start_loc, step, pad)
+
+    def is_live(self, slot: int, generation: int) -> bool:
+        return self._slot_generation[slot] == generation
+
+    def retired_message(self, slot: int, generation: int) -> str:
+        return (
+            f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
+            f"{self._slot_generation[slot]} (ring_depth={self.ring_depth}). Use the current step's "
+            "metadata, or raise ring_depth if the host must hold more steps."
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _plan(self, query_start_loc, query_start_loc_cpu, first_seq, num_seqs) -> _plan.StepPlan:
+        if query_start_loc_cpu is self._last_cpu and query_start_loc_cpu.shape[0] == self._last_cpu_len:
+            host = self._last_cpu_array
+        else:
+            host = _plan.host_array(query_start_loc_cpu)
+            self._last_cpu, self._last_cpu_array, self._last_cpu_len = query_start_loc_cpu, host, host.shape[0]
+        if query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len:
+            _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
+            self._last_dev, self._last_dev_len = query_start_loc, query_start_loc.shape[0]
+        elif host.shape[0] != self._last_dev_len:
+            _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
+        return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity)
+
+    def _fill_for(self, padded: bool):
+        fill = self._fills.get(padded)
+        if fill is None:
+            from chunkmeta.kernels import TritonFill  # imports triton: see chunkmeta.kernels
+
+            fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs + 1, padded=padded,
+                              params_on_device=False)
+            self._fills[padded] = fill
+        return fill
+
+    def _build(self, query_start_loc: torch.Tensor, step: _plan.StepPlan, pad: str | None) -> ChunkMetadata:
+        # Validation is done: from here on nothing can fail on bad input.
+        generation = self._builds + 1
+        slot = generation % self.ring_depth
+        n, nt = step.num_seqs, step.num_chunks
+        if pad is None:
+            seqs_out, rows_out, pad_seq = n, nt, 0
+        else:
+            seqs_out = self.padded_num_seqs[pad]
+            rows_out = self.capacity.rows
+            pad_seq = -1 if pad == "negative" else self.capacity.seqs
+
+        views = self._views.get((slot, seqs_out, rows_out))
+        if views is None:
+            if len(self._views) >= _VIEW_CACHE_LIMIT:
+                self._views.clear()
+            views = (
+                self._cu[slot, : seqs_out + 1],
+                self._indices[slot, :rows_out],
+                self._offsets[slot, : seqs_out + 1],
+                self._cu_cpu[slot, : seqs_out + 1],
+            )
+            self._views[(slot, seqs_out, rows_out)] = views
+        cu, indices, offsets, cu_cpu = views
+
+        if n or pad is not None:
+            if self.backend == "triton":
+                self._fill_for(pad is not None)(query_start_loc, self._params, cu, indices, offsets,
+                                                step.first_seq, n, rows_out, seqs_out, pad_seq)
+            else:
+                fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
+                           padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)
+        host_cu = self._cu_cpu_np[slot]
+        segment = step.segment
+        np.subtract(segment, segment[0], out=host_cu[: n + 1], casting="unsafe")
+        if seqs_out > n:
+            host_cu[n + 1: seqs_out + 1] = step.num_tokens
+
+        self._builds = generation
+        self._slot_generation[slot] = generation
+        return ChunkMetadata(
+            cu, cu_cpu, indices, offsets, self.chunk_size, n, step.num_tokens, nt, step.max_seqlen,
+            pad is not None, generation, self, slot,
+        )
+
+
+def build_chunk_metadata(query_start_loc: torch.Tensor, query_start_loc_cpu, *, chunk_size: int = 64,
+                         first_seq: int = 0, num_seqs: int | None = None, backend: str = "auto") -> ChunkMetadata:
+    """One-shot build into freshly allocated tensors (sized to this batch): no ring, always live.
+
+    For a step loop, keep a ``ChunkMetadataBuilder`` instead: it allocates once.
+    """
+    if not isinstance(query_start_loc, torch.Tensor):
+        raise ChunkMetaError(
+            f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor."
+        )
+    host = _plan.host_array(query_start_loc_cpu)
+    _plan.check_device_tensor(query_start_loc, host.shape[0], None)
+    _plan.check_chunk_size(chunk_size)
+    # Validate against the widest sizes one build supports, then size the buffers to the batch.
+    widest = _plan.Capacity(_plan.MAX_NUM_SEQS, _plan.INT32_MAX - chunk_size, _plan.INT32_MAX // chunk_size)
+    step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest)
+    builder = ChunkMetadataBuilder(max(1, step.num_seqs), max(1, step.num_tokens), chunk_size=chunk_size,
+                                   device=query_start_loc.device, backend=backend, ring_depth=1)
+    return builder._build(query_start_loc, step, None)

@@ -1,0 +1,168 @@
+"""The device fill as one Triton kernel, beside its launcher.
+
+It writes one step's ``cu_seqlens``, ``chunk_indices`` and ``chunk_offsets`` into buffers the
+caller owns, from the device ``query_start_loc`` and host sizes only: it never reads device
+memory on the host (no sync) and copies no metadata arrays host->device.
+
+Importing this module imports triton, so the builder imports it only when the triton backend is
+used: that lets a CPU process set ``TRITON_INTERPRET=1`` as late as its first triton build.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import triton
+import triton.language as tl
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@triton.jit(
+    do_not_specialize=["first_seq", "num_seqs", "num_rows", "seqs_out", "pad_seq"],
+    do_not_specialize_on_alignment=["query_start_loc", "params"],
+)
+def chunk_metadata_kernel(
+    query_start_loc,  # *i32|*i64 [R+1], device
+    params,  # *i32 [2] = (first_seq, num_seqs); read only when PARAMS_ON_DEVICE
+    cu_seqlens,  # *i32 [>= seqs_out+1]; entry 0 is never written (always 0)
+    chunk_indices,  # *i32 [>= num_rows, 2]
+    chunk_offsets,  # *i64 [>= seqs_out+1]; entry 0 is never written (always 0)
+    first_seq,
+    num_seqs,
+    num_rows,  # rows to write: NT (exact layout) or the row capacity (padded layout)
+    seqs_out,  # sequences to write: N (exact) or the padded sequence count (padded)
+    pad_seq,  # sequence index of padding rows (padded layout only)
+    CHUNK_SHIFT: tl.constexpr,
+    BLOCK_SEQS: tl.constexpr,
+    LOG2_BLOCK_SEQS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    PADDED: tl.constexpr,
+    PARAMS_ON_DEVICE: tl.constexpr,
+):
+    """Chunk metadata of ``query_start_loc[first_seq : first_seq + num_seqs + 1]``.
+
+    Grid: ``(cdiv(num_rows, BLOCK_ROWS),)``, at least 1. Program ``p`` owns chunk rows
+    ``[p * BLOCK_ROWS, (p + 1) * BLOCK_ROWS)``; program 0 also writes ``cu_seqlens[1:]`` and
+    ``chunk_offsets[1:]``.
+
+    Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= seqs_out``
+    lanes, one ``tl.cumsum``) instead of waiting on another program, so there is no
+    inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS``, which bounds the
+    redundant scans by the row work: total work <= 2 * (BLOCK_SEQS + num_rows).
+
+    A row's sequence is the number of sequences whose chunks end at or before it; each row
+    finds it by binary lifting over the sorted chunk ends (LOG2_BLOCK_SEQS ``tl.gather``
+    rounds, in registers/shared memory), then ``t = row - chunk_offsets[seq]``. There is no
+    loop over a sequence's chunks: rows are parallel.
+
+    Invariants callers rely on: rows are ordered by sequence then chunk with no gaps; a
+    zero-length sequence keeps its index and gets no rows; in the padded layout, rows in
+    ``[NT, num_rows)`` are ``(pad_seq, 0)``, sequences in ``(N, seqs_out]`` repeat the last
+    offset (zero-length tails). Token counts fit int32 (host-validated); offsets are stored
+    as int64.
+    """
+    pid = tl.program_id(0)
+    if PARAMS_ON_DEVICE:
+        first_seq = tl.load(params)
+        num_seqs = tl.load(params + 1)
+    seqs = tl.arange(0, BLOCK_SEQS)
+    real_seq = seqs < num_seqs
+    qsl = query_start_loc + first_seq
+    base = tl.load(qsl)
+    ends = tl.load(qsl + 1 + seqs, mask=real_seq, other=0)
+    starts = tl.load(qsl + seqs, mask=real_seq, other=0)
+    seq_chunks = ((ends - starts + ((1 << CHUNK_SHIFT) - 1)) >> CHUNK_SHIFT).to(tl.int32)
+    chunk_ends = tl.cumsum(seq_chunks, 0)  # chunk_offsets[i + 1]
+    num_chunks = tl.sum(seq_chunks, 0)
+
+    if pid == 0:
+        num_tokens = tl.load(qsl + num_seqs) - base
+        out = seqs < seqs_out
+        tl.store(cu_seqlens + 1 + seqs, tl.where(real_seq, ends - base, num_tokens).to(tl.int32), mask=out)
+        tl.store(chunk_offsets + 1 + seqs, tl.where(real_seq, chunk_ends, num_chunks).to(tl.int64), mask=out)
+
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    keys = tl.where(real_seq, chunk_ends, 2147483647)
+    seq = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+    for k in tl.static_range(LOG2_BLOCK_SEQS):
+        step = BLOCK_SEQS >> (k + 1)
+        probe = tl.gather(keys, seq + (step - 1), 0)
+        seq = tl.where(probe <= rows, seq + step, seq)
+    seq_start = tl.gather(keys, tl.maximum(seq - 1, 0), 0)
+    chunk = rows - tl.where(seq > 0, seq_start, 0)
+    if PADDED:
+        real_row = rows < num_chunks
+        seq = tl.where(real_row, seq, pad_seq)
+        chunk = tl.where(real_row, chunk, 0)
+    row_mask = rows < num_rows
+    tl.store(chunk_indices + 2 * rows, seq, mask=row_mask)
+    tl.store(chunk_indices + 2 * rows + 1, chunk, mask=row_mask)
+
+
+def _fast_launch_enabled() -> bool:
+    return os.environ.get("CHUNKMETA_FAST_LAUNCH", "1") != "0" and not os.environ.get("TRITON_INTERPRET")
+
+
+class TritonFill:
+    """Launches ``chunk_metadata_kernel`` for one fixed set of compile-time constants.
+
+    A builder owns one (or two: exact and padded): its constants come from its capacity, so the
+    kernel compiles once per builder shape, never per step.
+
+    The first launch goes through Triton's JIT (which compiles and returns the compiled kernel);
+    later launches on CUDA call the compiled kernel's launcher directly with plain ints,
+    skipping the JIT's per-call argument binding and cache lookup (tens of microseconds of host
+    time). All scalar arguments are excluded from specialization, so one compiled kernel is
+    valid for every value. Set ``CHUNKMETA_FAST_LAUNCH=0`` to always use the JIT path.
+    """
+
+    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool):
+        self.block_seqs = _next_pow2(max(block_seqs, 2))
+        self.block_rows = max(self.block_seqs, 1024)
+        self.num_warps = min(16, max(4, self.block_rows // 256))
+        self.constexprs = dict(
+            CHUNK_SHIFT=chunk_size.bit_length() - 1,
+            BLOCK_SEQS=self.block_seqs,
+            LOG2_BLOCK_SEQS=self.block_seqs.bit_length() - 1,
+            BLOCK_ROWS=self.block_rows,
+            PADDED=padded,
+            PARAMS_ON_DEVICE=params_on_device,
+        )
+        self._constexpr_values = tuple(self.constexprs.values())
+        self._compiled = None  # (device index, run, function, packed_metadata)
+        self.launches = 0
+
+    def grid(self, num_rows: int) -> int:
+        return max(1, -(-num_rows // self.block_rows))
+
+    def __call__(self, query_start_loc: torch.Tensor, params: torch.Tensor, cu_seqlens: torch.Tensor,
+                 chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, first_seq: int, num_seqs: int,
+                 num_rows: int, seqs_out: int, pad_seq: int = 0) -> None:
+        grid = max(1, -(-num_rows // self.block_rows))
+        self.launches += 1
+        compiled = self._compiled
+        if compiled is not None:
+            index, run, function, packed = compiled
+            if torch.cuda.current_device() == index:
+                run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(index), function, packed, None, None, None,
+                    query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
+                    chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
+                    seqs_out, pad_seq, *self._constexpr_values)
+                return
+        kernel = chunk_metadata_kernel[(grid,)](
+            query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
+            seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
+        )
+        if (
+            compiled is None
+            and query_start_loc.is_cuda
+            and _fast_launch_enabled()
+            and triton.knobs.runtime.launch_enter_hook is None
+            and hasattr(kernel, "packed_metadata")
+        ):
+            self._compiled = (query_start_loc.device.index, kernel.run, kernel.function, kernel.packed_metadata)

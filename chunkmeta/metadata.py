@@ -1,0 +1,105 @@
+"""ChunkMetadata: one step's chunk metadata, immutable, shared by every layer of the step."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+from chunkmeta.errors import ChunkMetaError
+
+
+class Lease(Protocol):
+    """Whoever owns a ChunkMetadata's buffers answers whether they still hold its values."""
+
+    def is_live(self, slot: int, generation: int) -> bool: ...
+
+    def retired_message(self, slot: int, generation: int) -> str: ...
+
+
+def _tensor(instance, attribute, value):
+    if not isinstance(value, torch.Tensor):
+        raise ChunkMetaError(f"ChunkMetadata.{attribute.name} must be a torch.Tensor, got {type(value).__name__}.")
+
+
+_int = attrs.validators.instance_of(int)
+
+
+@attrs.frozen(slots=True, eq=False, repr=False, weakref_slot=True)
+class ChunkMetadata:
+    """Chunk metadata of a packed prefill batch, in FLA's contract (fla-core >= 0.5.1).
+
+    Device tensors: ``cu_seqlens`` int32 [N+1] (rebased to start at 0), ``chunk_indices`` int32
+    [NT, 2] with rows ``(i, t)`` ordered by sequence then chunk (row ``r`` is
+    ``chunk_offsets[i] + t``; a zero-length sequence has no rows but keeps its index ``i``),
+    ``chunk_offsets`` int64 [N+1] (exclusive prefix sum of ``cdiv(len_i, chunk_size)``).
+    ``cu_seqlens_cpu`` is the host copy of ``cu_seqlens``. Host ints: ``num_seqs`` (N),
+    ``num_tokens`` (T), ``num_chunks`` (NT), ``chunk_size`` (C), ``max_seqlen``; hints
+    ``is_aligned`` and ``single_seqlen``.
+
+    ``padded`` marks the CUDA-graph layout: the tensors are capacity-shaped, the host ints still
+    describe the real batch, and the rows after ``num_chunks`` are padding (see the builder).
+
+    Frozen: attributes cannot be reassigned, and the builder never writes the tensors again while
+    the object is live (``is_live``). Nothing here reads device memory.
+    """
+
+    cu_seqlens: torch.Tensor = attrs.field(validator=_tensor)
+    cu_seqlens_cpu: torch.Tensor = attrs.field(validator=_tensor)
+    chunk_indices: torch.Tensor = attrs.field(validator=_tensor)
+    chunk_offsets: torch.Tensor = attrs.field(validator=_tensor)
+    chunk_size: int = attrs.field(validator=_int)
+    num_seqs: int = attrs.field(validator=_int)
+    num_tokens: int = attrs.field(validator=_int)
+    num_chunks: int = attrs.field(validator=_int)
+    max_seqlen: int = attrs.field(validator=_int)
+    padded: bool = False
+    generation: int = 0
+    _lease: Lease | None = attrs.field(default=None, alias="lease")
+    _slot: int = attrs.field(default=0, alias="slot")
+
+    @property
+    def is_aligned(self) -> bool:
+        """Every sequence length is a multiple of ``chunk_size`` (zero counts as one)."""
+        return self.num_chunks * self.chunk_size == self.num_tokens
+
+    @property
+    def single_seqlen(self) -> int | None:
+        """The length of the only non-empty sequence, or None if there are zero or several."""
+        # max_seqlen == T > 0 leaves no tokens for a second non-empty sequence.
+        if self.num_tokens > 0 and self.max_seqlen == self.num_tokens:
+            return self.num_tokens
+        return None
+
+    @property
+    def is_live(self) -> bool:
+        """False once the owner has reused this object's buffers or retired its step."""
+        return self._lease is None or self._lease.is_live(self._slot, self.generation)
+
+    def check_live(self) -> "ChunkMetadata":
+        """Raise ChunkMetaError if this object was retired; return it otherwise. Host-only."""
+        if self._lease is not None and not self._lease.is_live(self._slot, self.generation):
+            raise ChunkMetaError(self._lease.retired_message(self._slot, self.generation))
+        return self
+
+    def fla_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments FLA's chunked kernels take: cu_seqlens, chunk_indices, chunk_offsets."""
+        return {
+            "cu_seqlens": self.cu_seqlens,
+            "chunk_indices": self.chunk_indices,
+            "chunk_offsets": self.chunk_offsets,
+        }
+
+    def describe(self) -> str:
+        """One line for logs; reads host ints only."""
+        layout = "padded" if self.padded else "exact"
+        return (
+            f"N={self.num_seqs} T={self.num_tokens} NT={self.num_chunks} C={self.chunk_size} "
+            f"max_seqlen={self.max_seqlen} aligned={self.is_aligned} single_seqlen={self.single_seqlen} "
+            f"layout={layout} rows={self.chunk_indices.shape[0]} device={self.cu_seqlens.device} "
+            f"generation={self.generation} live={self.is_live}"
+        )
+
+    def __repr__(self) -> str:
+        return f"ChunkMetadata({self.describe()})"

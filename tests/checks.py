@@ -1,0 +1,65 @@
+"""Assertions shared by the test modules: a ChunkMetadata against the reference oracle."""
+
+import torch
+
+from chunkmeta import reference
+from chunkmeta.workloads import Batch
+
+
+def as_lists(md):
+    """Device tensors to lists (tests only: this reads device memory)."""
+    return (
+        md.cu_seqlens.cpu().tolist(),
+        [tuple(row) for row in md.chunk_indices.cpu().tolist()],
+        md.chunk_offsets.cpu().tolist(),
+    )
+
+
+def assert_dtypes(md, device):
+    assert md.cu_seqlens.dtype == torch.int32
+    assert md.cu_seqlens_cpu.dtype == torch.int32
+    assert md.chunk_indices.dtype == torch.int32
+    assert md.chunk_offsets.dtype == torch.int64
+    assert md.cu_seqlens_cpu.device.type == "cpu"
+    for t in (md.cu_seqlens, md.chunk_indices, md.chunk_offsets):
+        assert t.device.type == torch.device(device).type
+    assert md.chunk_indices.dim() == 2 and md.chunk_indices.shape[1] == 2
+    assert md.chunk_indices.is_contiguous() and md.cu_seqlens.is_contiguous() and md.chunk_offsets.is_contiguous()
+
+
+def assert_exact(md, batch: Batch, chunk_size: int):
+    """md equals reference.chunk_metadata for the batch: values, dtypes, shapes, host ints."""
+    ref = reference.chunk_metadata(batch.query_start_loc, chunk_size, batch.first_seq, batch.num_seqs)
+    cu, indices, offsets = as_lists(md)
+    assert cu == ref.cu_seqlens
+    assert indices == ref.chunk_indices
+    assert offsets == ref.chunk_offsets
+    assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
+    assert tuple(md.chunk_indices.shape) == (ref.num_chunks, 2)
+    assert (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen) == (
+        ref.num_seqs, ref.num_tokens, ref.num_chunks, ref.max_seqlen)
+    assert md.chunk_size == chunk_size and not md.padded
+    lengths = [b - a for a, b in zip(ref.cu_seqlens, ref.cu_seqlens[1:])]
+    assert md.is_aligned == all(n % chunk_size == 0 for n in lengths)
+    non_empty = [n for n in lengths if n]
+    assert md.single_seqlen == (non_empty[0] if len(non_empty) == 1 else None)
+
+
+def assert_padded(md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_rows: int, pad_seq: int):
+    """md equals the padded reference: real rows first, then (pad_seq, 0); zero-length tails."""
+    ref = reference.padded_chunk_metadata(batch.query_start_loc, chunk_size, padded_num_seqs, num_rows, pad_seq,
+                                          batch.first_seq, batch.num_seqs)
+    cu, indices, offsets = as_lists(md)
+    assert cu == ref.cu_seqlens
+    assert indices == ref.chunk_indices
+    assert offsets == ref.chunk_offsets
+    assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
+    assert md.padded
+    assert (md.num_seqs, md.num_tokens, md.num_chunks) == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
+    if pad_seq >= 0:  # padding rows point at a zero-length sequence of the padded cu_seqlens
+        assert pad_seq >= md.num_seqs and cu[pad_seq] == cu[pad_seq + 1]
+
+
+def tensors_for(batch: Batch, device="cpu", dtype=torch.int32):
+    qsl_cpu = torch.tensor(batch.query_start_loc, dtype=dtype)
+    return qsl_cpu.to(device), qsl_cpu

@@ -1,0 +1,162 @@
+"""Every backend and entry point equals the reference (and therefore FLA's contract)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import chunkmeta
+from chunkmeta import ChunkMetadataBuilder, build_chunk_metadata
+from chunkmeta.workloads import from_lengths, random_decode_first, workload
+from checks import assert_dtypes, assert_exact, assert_padded, tensors_for
+from strategies import CHUNK_SIZES, batches
+
+BACKENDS = ["torch", "triton"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES, dtype=st.sampled_from([torch.int32, torch.int64]))
+def test_one_shot_equals_reference(backend, data, chunk_size, dtype):
+    batch = data.draw(batches(chunk_size))
+    qsl, qsl_cpu = tensors_for(batch, dtype=dtype)
+    md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size, first_seq=batch.first_seq,
+                              num_seqs=batch.num_seqs, backend=backend)
+    assert_dtypes(md, "cpu")
+    assert_exact(md, batch, chunk_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES)
+def test_builder_equals_reference(backend, data, chunk_size):
+    builder = ChunkMetadataBuilder(64, 64 * 700, chunk_size=chunk_size, device="cpu", backend=backend)
+    for _ in range(3):  # several steps through one builder: slots rotate
+        batch = data.draw(batches(chunk_size))
+        qsl, qsl_cpu = tensors_for(batch)
+        md = builder.build(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        assert_exact(md, batch, chunk_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pad", ["tail", "negative"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES)
+def test_padded_layout_equals_reference(backend, pad, data, chunk_size):
+    builder = ChunkMetadataBuilder(48, 48 * 600, chunk_size=chunk_size, device="cpu", backend=backend)
+    batch = data.draw(batches(chunk_size))
+    qsl, qsl_cpu = tensors_for(batch)
+    md = builder.build_padded(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs, pad=pad)
+    padded_num_seqs = builder.padded_num_seqs[pad]
+    pad_seq = -1 if pad == "negative" else 48
+    assert tuple(md.chunk_indices.shape) == (builder.capacity.rows, 2)
+    assert md.cu_seqlens.shape[0] == padded_num_seqs + 1 == md.chunk_offsets.shape[0]
+    assert_padded(md, batch, chunk_size, padded_num_seqs, builder.capacity.rows, pad_seq)
+
+
+def test_padded_layout_at_full_sequence_capacity_still_has_a_tail():
+    builder = ChunkMetadataBuilder(4, 400, device="cpu", backend="torch")
+    batch = from_lengths([10, 64, 65, 1])  # N == max_num_seqs
+    qsl, qsl_cpu = tensors_for(batch)
+    md = builder.build_padded(qsl, qsl_cpu)
+    assert_padded(md, batch, 64, 5, builder.capacity.rows, 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_thousands_of_sequences_and_a_long_prompt(backend):
+    rng = np.random.default_rng(1)
+    cases = [
+        workload(4096, 300_000, seed=2),
+        from_lengths([200_000]),
+        from_lengths([0, 200_000, 0, 5]),
+        random_decode_first(rng, 3000, 100_000),
+    ]
+    for batch in cases:
+        qsl, qsl_cpu = tensors_for(batch)
+        md = build_chunk_metadata(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs,
+                                  backend=backend)
+        assert_exact(md, batch, 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_edges(backend):
+    """Row blocks crossing program boundaries, N at the kernel's block width, empty slices."""
+    builder = ChunkMetadataBuilder(16, 16 * 2000, chunk_size=16, device="cpu", backend=backend)
+    cases = [
+        from_lengths([16 * 1100]),  # 1100 rows: two row programs
+        from_lengths([16 * 1023 + 1, 15]),  # a sequence straddling rows 1023/1024
+        from_lengths([1] * 16),  # N == max_num_seqs
+        from_lengths([0] * 16),  # all zero-length: no rows, offsets all 0
+        from_lengths([3, 4], first_seq=2),  # empty slice at the end
+        from_lengths([], first_seq=0),  # no requests at all
+    ]
+    for batch in cases:
+        qsl, qsl_cpu = tensors_for(batch)
+        md = builder.build(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        assert_exact(md, batch, 16)
+
+
+def test_empty_prefill_is_empty_tensors_not_none():
+    for backend in BACKENDS:
+        qsl, qsl_cpu = tensors_for(from_lengths([1, 1, 1], first_seq=3))
+        md = build_chunk_metadata(qsl, qsl_cpu, first_seq=3, backend=backend)
+        assert md.num_seqs == 0 and md.num_chunks == 0
+        assert md.cu_seqlens.tolist() == [0] and md.chunk_offsets.tolist() == [0]
+        assert tuple(md.chunk_indices.shape) == (0, 2)
+
+
+def test_num_seqs_defaults_to_rest_of_batch():
+    batch = from_lengths([1, 1, 100, 200], first_seq=2)
+    qsl, qsl_cpu = tensors_for(batch)
+    md = build_chunk_metadata(qsl, qsl_cpu, first_seq=2)
+    assert_exact(md, batch, 64)
+
+
+def test_numpy_host_copy_is_accepted():
+    batch = from_lengths([5, 70, 0, 130])
+    qsl, qsl_cpu = tensors_for(batch)
+    md = build_chunk_metadata(qsl, qsl_cpu.numpy())
+    assert_exact(md, batch, 64)
+
+
+def test_auto_backend_on_cpu_is_torch():
+    builder = ChunkMetadataBuilder(4, 100, device="cpu")
+    assert builder.backend == "torch"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_keeps_values_for_depth_minus_one_builds(backend):
+    depth = 3
+    builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend=backend, ring_depth=depth)
+    rng = np.random.default_rng(5)
+    batches_ = [random_decode_first(rng, 8, 2000) for _ in range(3 * depth)]
+    results = []
+    for k, batch in enumerate(batches_):
+        qsl, qsl_cpu = tensors_for(batch)
+        results.append(builder.build(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs))
+        # every object of the last `depth` builds still holds its own values and is live
+        for j in range(max(0, k - depth + 1), k + 1):
+            assert results[j].is_live
+            assert_exact(results[j], batches_[j], 64)
+        # older ones are retired, and say so
+        for j in range(0, max(0, k - depth + 1)):
+            assert not results[j].is_live
+            with pytest.raises(chunkmeta.ChunkMetaError, match="retired"):
+                results[j].check_live()
+    assert builder.builds == len(batches_)
+
+
+def test_same_host_tensor_mutated_between_steps():
+    """Engines reuse one pinned host buffer: the identity cache must not serve stale values."""
+    builder = ChunkMetadataBuilder(8, 4000, device="cpu")
+    qsl_cpu = torch.zeros(9, dtype=torch.int32)
+    qsl = torch.zeros(9, dtype=torch.int32)
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        lengths = rng.integers(0, 300, 8)
+        batch = from_lengths(lengths.tolist())
+        qsl_cpu.copy_(torch.tensor(batch.query_start_loc))
+        qsl.copy_(qsl_cpu)
+        md = builder.build(qsl, qsl_cpu)
+        assert_exact(md, batch, 64)

@@ -80,6 +80,7 @@ class ChunkMetadataBuilder:
         self._fills: dict[bool, object] = {}
         self._views: dict[tuple, tuple] = {}
         self._slot_generation = [0] * ring_depth
+        self._retired_through = 0  # generations <= this were retired explicitly (retire())
         self._builds = 0
         # Identity caches: engines pass the same persistent tensors step after step, so their
         # type/shape checks and the torch->numpy view are done once per tensor, not per step.
@@ -123,9 +124,15 @@ class ChunkMetadataBuilder:
         return self._build(query_start_loc, step, pad)
 
     def is_live(self, slot: int, generation: int) -> bool:
-        return self._slot_generation[slot] == generation
+        return self._slot_generation[slot] == generation and generation > self._retired_through
+
+    def retire(self, generation: int) -> None:
+        self._retired_through = max(self._retired_through, generation)
 
     def retired_message(self, slot: int, generation: int) -> str:
+        if generation <= self._retired_through:
+            return (f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
+                    "mode). Use the open step's metadata (service.current).")
         return (
             f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
             f"{self._slot_generation[slot]} (ring_depth={self.ring_depth}). Use the current step's "

@@ -17,6 +17,8 @@ class Lease(Protocol):
 
     def retired_message(self, slot: int, generation: int) -> str: ...
 
+    def retire(self, generation: int) -> None: ...
+
 
 def _tensor(instance, attribute, value):
     if not isinstance(value, torch.Tensor):
@@ -82,6 +84,11 @@ class ChunkMetadata:
         if self._lease is not None and not self._lease.is_live(self._slot, self.generation):
             raise ChunkMetaError(self._lease.retired_message(self._slot, self.generation))
         return self
+
+    def retire(self) -> None:
+        """Retire this object and every older one of its owner (the service's strict mode)."""
+        if self._lease is not None:
+            self._lease.retire(self.generation)
 
     def fla_kwargs(self) -> dict[str, Any]:
         """Keyword arguments FLA's chunked kernels take: cu_seqlens, chunk_indices, chunk_offsets."""

@@ -1,0 +1,155 @@
+"""CUDA-graph mode: a build that is captured once and replayed with a different batch each step.
+
+A captured kernel keeps the pointers and scalars it was captured with, so everything that
+changes per step must live in device memory at fixed addresses:
+
+* the engine's static ``query_start_loc`` buffer (engines already update it in place before
+  each replay);
+* ``params`` = ``(first_seq, num_seqs)``, int32 on the device, refreshed by ``prepare()`` with
+  one 8-byte non-blocking copy from pinned host memory (a small ring of staging slots, so a copy
+  still queued behind the GPU never sees its source overwritten);
+* the outputs: capacity-shaped padded tensors owned by the ``GraphBuild``, written in place.
+
+The split matches engines' graph runners: ``launch()`` is the in-graph part (capture it, or call
+it eagerly), ``prepare()`` the out-of-graph part (host validation, host counts, the params copy),
+run before every replay. The kernel finds N, T and NT on the device, so the graph is valid for
+every batch that fits the capacity. Nothing allocates or synchronizes per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from chunkmeta import plan as _plan
+from chunkmeta.builder import PADS, ChunkMetadataBuilder
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.metadata import ChunkMetadata
+
+
+class GraphBuild:
+    """Graph-capturable chunk metadata for one static ``query_start_loc`` buffer.
+
+    Sized by ``builder`` (capacity, chunk size, device); owns its own static buffers (never the
+    builder's ring, whose slots move). Metadata from ``prepare()`` is live until the next
+    ``prepare()``: the next replay rewrites the same tensors.
+    """
+
+    def __init__(self, builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, *, pad: str = "tail",
+                 staging_depth: int = 8):
+        if pad not in PADS:
+            raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
+        if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
+            raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
+        _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
+        from chunkmeta.kernels import TritonFill  # graph mode needs the kernel: it reads params on the device
+
+        device = builder.device
+        cap = builder.capacity
+        self.builder = builder
+        self.pad = pad
+        self.query_start_loc = query_start_loc
+        self.chunk_size = builder.chunk_size
+        self.padded_num_seqs = builder.padded_num_seqs[pad]
+        self.num_rows = cap.rows
+        self._pad_seq = -1 if pad == "negative" else cap.seqs
+        self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
+        self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int64, device=device)
+        self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
+        self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
+        self._cu_cpu_np = self._cu_cpu.numpy()
+        self._params = torch.zeros(2, dtype=torch.int32, device=device)
+        on_cuda = device.type == "cuda"
+        self._staging = torch.zeros(staging_depth, 2, dtype=torch.int32, pin_memory=on_cuda)
+        self._staging_np = self._staging.numpy()
+        self._staged = [torch.cuda.Event() if on_cuda else None for _ in range(staging_depth)]
+        self._staged_used = [False] * staging_depth
+        self._fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=cap.seqs + 1, padded=True,
+                                params_on_device=True)
+        self._graph = None
+        self._generation = 0
+        self._retired_through = -1
+        self._metadata = self._metadata_for(0, 0, 0, 0)
+        self.staging_waits = 0  # times prepare() had to wait for a staging slot (host > depth steps ahead)
+
+    @property
+    def metadata(self) -> ChunkMetadata:
+        """The static padded tensors with the host ints of the last prepared step."""
+        return self._metadata
+
+    def launch(self) -> ChunkMetadata:
+        """Queue the fill on the current stream: the part to capture (or to run eagerly)."""
+        self._fill(self.query_start_loc, self._params, self._cu, self._indices, self._offsets, 0, 0, self.num_rows,
+                   self.padded_num_seqs, self._pad_seq)
+        return self._metadata
+
+    def prepare(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
+        """Host side of a step: validate, take the host counts, stage ``(first_seq, num_seqs)``.
+
+        The host copy describes the same values the engine has put (or is putting, on this
+        stream) into the static ``query_start_loc`` buffer; its length may be shorter than the
+        buffer's.
+        """
+        host = _plan.host_array(query_start_loc_cpu)
+        if host.shape[0] > self.query_start_loc.shape[0]:
+            raise ChunkMetaError(
+                f"query_start_loc_cpu has {host.shape[0]} entries but the static query_start_loc buffer "
+                f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
+            )
+        step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity)
+        # validated: from here on nothing fails on bad input
+        slot = self._generation % len(self._staged)
+        event = self._staged[slot]
+        if event is not None:
+            if self._staged_used[slot] and not event.query():
+                self.staging_waits += 1
+                event.synchronize()
+            self._staged_used[slot] = True
+        self._staging_np[slot, 0] = step.first_seq
+        self._staging_np[slot, 1] = step.num_seqs
+        self._params.copy_(self._staging[slot], non_blocking=event is not None)
+        if event is not None:
+            event.record()
+        n = step.num_seqs
+        np.subtract(step.segment, step.segment[0], out=self._cu_cpu_np[: n + 1], casting="unsafe")
+        self._cu_cpu_np[n + 1:] = step.num_tokens
+        self._generation += 1
+        self._metadata = self._metadata_for(n, step.num_tokens, step.num_chunks, step.max_seqlen)
+        return self._metadata
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        """Capture ``launch()`` in a graph of its own (for callers without a graph of their own)."""
+        self.launch()  # compiles the kernel outside the capture
+        torch.cuda.current_stream().synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.launch()
+        self._graph = graph
+        return graph
+
+    def replay(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
+        """``prepare()`` then replay the graph from ``capture()``."""
+        if self._graph is None:
+            raise ChunkMetaError("GraphBuild.replay() before capture(): capture the graph once first.")
+        metadata = self.prepare(query_start_loc_cpu, first_seq=first_seq, num_seqs=num_seqs)
+        self._graph.replay()
+        return metadata
+
+    def is_live(self, slot: int, generation: int) -> bool:
+        return generation == self._generation and generation > self._retired_through
+
+    def retire(self, generation: int) -> None:
+        self._retired_through = max(self._retired_through, generation)
+
+    def retired_message(self, slot: int, generation: int) -> str:
+        if generation <= self._retired_through:
+            return (f"graph-mode ChunkMetadata of step {generation} is retired: its step ended (the service's "
+                    "strict mode).")
+        return (
+            f"graph-mode ChunkMetadata of step {generation} is retired: prepare() has staged step "
+            f"{self._generation}, whose replay rewrites the same static tensors."
+        )
+
+    def _metadata_for(self, num_seqs, num_tokens, num_chunks, max_seqlen) -> ChunkMetadata:
+        return ChunkMetadata(self._cu, self._cu_cpu, self._indices, self._offsets, self.chunk_size, num_seqs,
+                             num_tokens, num_chunks, max_seqlen, True, self._generation, self, 0)

@@ -76,6 +76,9 @@ class ChunkMetadataBuilder:
         self._cu_cpu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32)
         self._cu_cpu_np = self._cu_cpu.numpy()
         self._params = torch.zeros(2, dtype=torch.int32, device=device)  # unused by eager fills
+        self._params_ptr = self._params.data_ptr()
+        self._slot_ptrs = [(self._cu[k].data_ptr(), self._indices[k].data_ptr(), self._offsets[k].data_ptr())
+                           for k in range(ring_depth)]
 
         self._fills: dict[bool, object] = {}
         self._views: dict[tuple, tuple] = {}
@@ -159,7 +162,7 @@ class ChunkMetadataBuilder:
         if fill is None:
             from chunkmeta.kernels import TritonFill  # imports triton: see chunkmeta.kernels
 
-            fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs + 1, padded=padded,
+            fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
                               params_on_device=False)
             self._fills[padded] = fill
         return fill
@@ -191,8 +194,12 @@ class ChunkMetadataBuilder:
 
         if n or pad is not None:
             if self.backend == "triton":
-                self._fill_for(pad is not None)(query_start_loc, self._params, cu, indices, offsets,
-                                                step.first_seq, n, rows_out, seqs_out, pad_seq)
+                fill = self._fills.get(pad is not None) or self._fill_for(pad is not None)
+                cu_ptr, indices_ptr, offsets_ptr = self._slot_ptrs[slot]
+                if not fill.launch(query_start_loc.data_ptr(), self._params_ptr, cu_ptr, indices_ptr, offsets_ptr,
+                                   step.first_seq, n, rows_out, seqs_out, pad_seq):
+                    fill(query_start_loc, self._params, cu, indices, offsets, step.first_seq, n, rows_out,
+                         seqs_out, pad_seq)
             else:
                 fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
                            padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)
@@ -206,7 +213,7 @@ class ChunkMetadataBuilder:
         self._slot_generation[slot] = generation
         return ChunkMetadata(
             cu, cu_cpu, indices, offsets, self.chunk_size, n, step.num_tokens, nt, step.max_seqlen,
-            pad is not None, generation, self, slot,
+            pad, generation, self, slot,
         )
 
 

@@ -64,7 +64,10 @@ class GraphBuild:
         self._staging_np = self._staging.numpy()
         self._staged = [torch.cuda.Event() if on_cuda else None for _ in range(staging_depth)]
         self._staged_used = [False] * staging_depth
-        self._fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=cap.seqs + 1, padded=True,
+        self._device_index = device.index
+        self._stream = None
+        self._stream_raw = None
+        self._fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=cap.seqs, padded=True,
                                 params_on_device=True)
         self._graph = None
         self._generation = 0
@@ -100,22 +103,31 @@ class GraphBuild:
         # validated: from here on nothing fails on bad input
         slot = self._generation % len(self._staged)
         event = self._staged[slot]
-        if event is not None:
-            if self._staged_used[slot] and not event.query():
-                self.staging_waits += 1
-                event.synchronize()
-            self._staged_used[slot] = True
+        if event is not None and self._staged_used[slot] and not event.query():
+            # The copy that last read this staging slot has not run yet: the GPU is more than
+            # staging_depth steps behind the host. Wait for it rather than overwrite its source.
+            self.staging_waits += 1
+            event.synchronize()
         self._staging_np[slot, 0] = step.first_seq
         self._staging_np[slot, 1] = step.num_seqs
         self._params.copy_(self._staging[slot], non_blocking=event is not None)
         if event is not None:
-            event.record()
+            event.record(self._current_stream())
+            self._staged_used[slot] = True
         n = step.num_seqs
         np.subtract(step.segment, step.segment[0], out=self._cu_cpu_np[: n + 1], casting="unsafe")
         self._cu_cpu_np[n + 1:] = step.num_tokens
         self._generation += 1
         self._metadata = self._metadata_for(n, step.num_tokens, step.num_chunks, step.max_seqlen)
         return self._metadata
+
+    def _current_stream(self) -> torch.cuda.Stream:
+        """torch.cuda.current_stream(), cached by the raw stream handle (creating the Stream
+        object costs microseconds per step)."""
+        raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+        if raw != self._stream_raw:
+            self._stream, self._stream_raw = torch.cuda.current_stream(self._device_index), raw
+        return self._stream
 
     def capture(self) -> torch.cuda.CUDAGraph:
         """Capture ``launch()`` in a graph of its own (for callers without a graph of their own)."""
@@ -152,4 +164,4 @@ class GraphBuild:
 
     def _metadata_for(self, num_seqs, num_tokens, num_chunks, max_seqlen) -> ChunkMetadata:
         return ChunkMetadata(self._cu, self._cu_cpu, self._indices, self._offsets, self.chunk_size, num_seqs,
-                             num_tokens, num_chunks, max_seqlen, True, self._generation, self, 0)
+                             num_tokens, num_chunks, max_seqlen, self.pad, self._generation, self, 0)

@@ -24,11 +24,11 @@ def _next_pow2(n: int) -> int:
 
 @triton.jit(
     do_not_specialize=["first_seq", "num_seqs", "num_rows", "seqs_out", "pad_seq"],
-    do_not_specialize_on_alignment=["query_start_loc", "params"],
+    do_not_specialize_on_alignment=["query_start_loc", "step_params"],
 )
 def chunk_metadata_kernel(
     query_start_loc,  # *i32|*i64 [R+1], device
-    params,  # *i32 [2] = (first_seq, num_seqs); read only when PARAMS_ON_DEVICE
+    step_params,  # *i32 [2] = (first_seq, num_seqs); read only when PARAMS_ON_DEVICE
     cu_seqlens,  # *i32 [>= seqs_out+1]; entry 0 is never written (always 0)
     chunk_indices,  # *i32 [>= num_rows, 2]
     chunk_offsets,  # *i64 [>= seqs_out+1]; entry 0 is never written (always 0)
@@ -50,7 +50,7 @@ def chunk_metadata_kernel(
     ``[p * BLOCK_ROWS, (p + 1) * BLOCK_ROWS)``; program 0 also writes ``cu_seqlens[1:]`` and
     ``chunk_offsets[1:]``.
 
-    Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= seqs_out``
+    Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= num_seqs``
     lanes, one ``tl.cumsum``) instead of waiting on another program, so there is no
     inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS``, which bounds the
     redundant scans by the row work: total work <= 2 * (BLOCK_SEQS + num_rows).
@@ -68,8 +68,8 @@ def chunk_metadata_kernel(
     """
     pid = tl.program_id(0)
     if PARAMS_ON_DEVICE:
-        first_seq = tl.load(params)
-        num_seqs = tl.load(params + 1)
+        first_seq = tl.load(step_params)
+        num_seqs = tl.load(step_params + 1)
     seqs = tl.arange(0, BLOCK_SEQS)
     real_seq = seqs < num_seqs
     qsl = query_start_loc + first_seq
@@ -85,6 +85,9 @@ def chunk_metadata_kernel(
         out = seqs < seqs_out
         tl.store(cu_seqlens + 1 + seqs, tl.where(real_seq, ends - base, num_tokens).to(tl.int32), mask=out)
         tl.store(chunk_offsets + 1 + seqs, tl.where(real_seq, chunk_ends, num_chunks).to(tl.int64), mask=out)
+        if PADDED:  # the last entry may lie past the BLOCK_SEQS lanes; it is always (T, NT)
+            tl.store(cu_seqlens + seqs_out, num_tokens.to(tl.int32))
+            tl.store(chunk_offsets + seqs_out, num_chunks.to(tl.int64))
 
     rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     keys = tl.where(real_seq, chunk_ends, 2147483647)
@@ -105,25 +108,34 @@ def chunk_metadata_kernel(
 
 
 def _fast_launch_enabled() -> bool:
-    return os.environ.get("CHUNKMETA_FAST_LAUNCH", "1") != "0" and not os.environ.get("TRITON_INTERPRET")
+    """The direct launcher path: on unless disabled, or unless a launch hook (a profiler such as
+    Triton's proton) is installed, since the direct path skips the hooks."""
+    if os.environ.get("CHUNKMETA_FAST_LAUNCH", "1") == "0" or os.environ.get("TRITON_INTERPRET"):
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:  # Triton < 3.4 keeps the hook on CompiledKernel
+        return getattr(triton.compiler.CompiledKernel, "launch_enter_hook", None) is None
+    hook = knobs.runtime.launch_enter_hook
+    # Triton 3.6 wraps hooks in a HookChain, empty unless something registered one.
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
 
 class TritonFill:
     """Launches ``chunk_metadata_kernel`` for one fixed set of compile-time constants.
 
-    A builder owns one (or two: exact and padded): its constants come from its capacity, so the
-    kernel compiles once per builder shape, never per step.
+    A builder owns one per layout: its constants come from its capacity, so the kernel compiles
+    once per builder shape, never per step.
 
-    The first launch goes through Triton's JIT (which compiles and returns the compiled kernel);
-    later launches on CUDA call the compiled kernel's launcher directly with plain ints,
-    skipping the JIT's per-call argument binding and cache lookup (tens of microseconds of host
-    time). All scalar arguments are excluded from specialization, so one compiled kernel is
-    valid for every value. Set ``CHUNKMETA_FAST_LAUNCH=0`` to always use the JIT path.
+    ``__call__`` launches through Triton's JIT with tensors (the first launch compiles); it then
+    keeps the compiled kernel, and ``launch`` (CUDA only) calls that kernel's launcher directly
+    with plain ints, skipping the JIT's per-call argument binding and cache lookup (tens of
+    microseconds of host time). Every scalar argument is excluded from specialization, so one
+    compiled kernel is valid for all values. ``CHUNKMETA_FAST_LAUNCH=0`` keeps the JIT path.
     """
 
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
-        self.block_rows = max(self.block_seqs, 1024)
+        self.block_rows = max(self.block_seqs, 1024)  # >= block_seqs: bounds the redundant scans
         self.num_warps = min(16, max(4, self.block_rows // 256))
         self.constexprs = dict(
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
@@ -134,35 +146,41 @@ class TritonFill:
             PARAMS_ON_DEVICE=params_on_device,
         )
         self._constexpr_values = tuple(self.constexprs.values())
-        self._compiled = None  # (device index, run, function, packed_metadata)
+        self._device_index = -1
+        self._run = self._function = self._packed = None
         self.launches = 0
 
-    def grid(self, num_rows: int) -> int:
-        return max(1, -(-num_rows // self.block_rows))
+    def launch(self, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int, chunk_offsets: int,
+               first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
+        """Fast launch with data pointers as ints; False (nothing launched) if not available."""
+        if self._run is None or torch.cuda.current_device() != self._device_index:
+            return False
+        self._run(-(-num_rows // self.block_rows) or 1, 1, 1, torch._C._cuda_getCurrentRawStream(self._device_index),
+                  self._function, self._packed, None, None, None, query_start_loc, params, cu_seqlens,
+                  chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows, seqs_out, pad_seq,
+                  *self._constexpr_values)
+        self.launches += 1
+        return True
 
     def __call__(self, query_start_loc: torch.Tensor, params: torch.Tensor, cu_seqlens: torch.Tensor,
                  chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, first_seq: int, num_seqs: int,
                  num_rows: int, seqs_out: int, pad_seq: int = 0) -> None:
-        grid = max(1, -(-num_rows // self.block_rows))
-        self.launches += 1
-        compiled = self._compiled
-        if compiled is not None:
-            index, run, function, packed = compiled
-            if torch.cuda.current_device() == index:
-                run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(index), function, packed, None, None, None,
-                    query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
-                    chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
-                    seqs_out, pad_seq, *self._constexpr_values)
-                return
-        kernel = chunk_metadata_kernel[(grid,)](
+        """Launch through the JIT with tensors (works everywhere, including the interpreter)."""
+        if self.launch(query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
+                       chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
+                       seqs_out, pad_seq):
+            return
+        grid = (-(-num_rows // self.block_rows) or 1,)
+        kernel = chunk_metadata_kernel[grid](
             query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
             seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
         )
+        self.launches += 1
         if (
-            compiled is None
+            self._run is None
             and query_start_loc.is_cuda
             and _fast_launch_enabled()
-            and triton.knobs.runtime.launch_enter_hook is None
             and hasattr(kernel, "packed_metadata")
         ):
-            self._compiled = (query_start_loc.device.index, kernel.run, kernel.function, kernel.packed_metadata)
+            self._device_index = query_start_loc.device.index
+            self._run, self._function, self._packed = kernel.run, kernel.function, kernel.packed_metadata

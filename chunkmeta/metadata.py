@@ -25,8 +25,6 @@ def _tensor(instance, attribute, value):
         raise ChunkMetaError(f"ChunkMetadata.{attribute.name} must be a torch.Tensor, got {type(value).__name__}.")
 
 
-_int = attrs.validators.instance_of(int)
-
 
 @attrs.frozen(slots=True, eq=False, repr=False, weakref_slot=True)
 class ChunkMetadata:
@@ -40,8 +38,13 @@ class ChunkMetadata:
     ``num_tokens`` (T), ``num_chunks`` (NT), ``chunk_size`` (C), ``max_seqlen``; hints
     ``is_aligned`` and ``single_seqlen``.
 
-    ``padded`` marks the CUDA-graph layout: the tensors are capacity-shaped, the host ints still
-    describe the real batch, and the rows after ``num_chunks`` are padding (see the builder).
+    ``padding`` is None for FLA's exact layout, or names the capacity-shaped (CUDA-graph)
+    layout's padding: ``"tail"`` (padding rows point at a zero-length tail sequence) or
+    ``"negative"`` (padding rows are ``(-1, 0)``, FLA's KDA ``use_graph`` contract). The host ints
+    always describe the real batch; rows after ``num_chunks`` are padding.
+
+    Built by chunkmeta's builders, which validate every value first; the constructor checks only
+    that the four tensors are tensors (it is on the per-step path).
 
     Frozen: attributes cannot be reassigned, and the builder never writes the tensors again while
     the object is live (``is_live``). Nothing here reads device memory.
@@ -51,15 +54,20 @@ class ChunkMetadata:
     cu_seqlens_cpu: torch.Tensor = attrs.field(validator=_tensor)
     chunk_indices: torch.Tensor = attrs.field(validator=_tensor)
     chunk_offsets: torch.Tensor = attrs.field(validator=_tensor)
-    chunk_size: int = attrs.field(validator=_int)
-    num_seqs: int = attrs.field(validator=_int)
-    num_tokens: int = attrs.field(validator=_int)
-    num_chunks: int = attrs.field(validator=_int)
-    max_seqlen: int = attrs.field(validator=_int)
-    padded: bool = False
+    chunk_size: int
+    num_seqs: int
+    num_tokens: int
+    num_chunks: int
+    max_seqlen: int
+    padding: str | None = None
     generation: int = 0
     _lease: Lease | None = attrs.field(default=None, alias="lease")
     _slot: int = attrs.field(default=0, alias="slot")
+
+    @property
+    def padded(self) -> bool:
+        """True for the capacity-shaped layout."""
+        return self.padding is not None
 
     @property
     def is_aligned(self) -> bool:
@@ -100,7 +108,7 @@ class ChunkMetadata:
 
     def describe(self) -> str:
         """One line for logs; reads host ints only."""
-        layout = "padded" if self.padded else "exact"
+        layout = f"padded-{self.padding}" if self.padded else "exact"
         return (
             f"N={self.num_seqs} T={self.num_tokens} NT={self.num_chunks} C={self.chunk_size} "
             f"max_seqlen={self.max_seqlen} aligned={self.is_aligned} single_seqlen={self.single_seqlen} "

@@ -26,7 +26,7 @@ MAX_CHUNK_SIZE = 4096
 # The Triton fill holds one program's view of all sequences in registers.
 MAX_NUM_SEQS = 1 << 16
 # Below this many sequences a Python loop over a list beats numpy's per-call overhead.
-_SMALL_BATCH = 16
+_SMALL_BATCH = 32
 
 _INTEGER_DTYPES = (torch.int32, torch.int64)
 _NP_INTEGER_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -200,7 +200,9 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
         max_seqlen = int(np.maximum.reduce(lengths.view(np.uint64 if lengths.dtype == np.int64 else np.uint32)))
         if max_seqlen > num_tokens:
             diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
-        num_chunks = int(np.add.reduce((lengths + (chunk_size - 1)) >> shift))
+        lengths += chunk_size - 1  # in place: lengths is this call's own temporary
+        lengths >>= shift
+        num_chunks = int(np.add.reduce(lengths))
     if num_chunks > capacity.rows:
         diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
     return StepPlan(first_seq, num_seqs, num_tokens, num_chunks, max_seqlen, segment)

@@ -55,12 +55,17 @@ def test_padded_layout_equals_reference(backend, pad, data, chunk_size):
     assert_padded(md, batch, chunk_size, padded_num_seqs, builder.capacity.rows, pad_seq)
 
 
-def test_padded_layout_at_full_sequence_capacity_still_has_a_tail():
-    builder = ChunkMetadataBuilder(4, 400, device="cpu", backend="torch")
-    batch = from_lengths([10, 64, 65, 1])  # N == max_num_seqs
-    qsl, qsl_cpu = tensors_for(batch)
-    md = builder.build_padded(qsl, qsl_cpu)
-    assert_padded(md, batch, 64, 5, builder.capacity.rows, 4)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pad", ["tail", "negative"])
+def test_padded_layout_at_full_sequence_capacity(backend, pad):
+    """N == max_num_seqs, a power of two: the tail mode's extra entry lies past the kernel's
+    sequence lanes, and the reserved tail sequence is still there for padding rows."""
+    builder = ChunkMetadataBuilder(4, 400, device="cpu", backend=backend)
+    for batch in (from_lengths([10, 64, 65, 1]), from_lengths([0, 0, 0, 0]), from_lengths([], first_seq=0)):
+        qsl, qsl_cpu = tensors_for(batch)
+        md = builder.build_padded(qsl, qsl_cpu, pad=pad)
+        pad_seq = 4 if pad == "tail" else -1
+        assert_padded(md, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,0 +1,290 @@
+"""chunkmeta against the anchors, side by side, on one GPU (issue: GPU latency).
+
+    python bench/gpu_compare.py --out DIR [--rounds 30] [--chunk-size 64]
+
+For each workload (sequences, tokens) and method it measures, interleaving the methods round by
+round (A B C ... A B C ...):
+
+* host µs, queue idle: wall time of single calls issued back to back (no sync in between);
+* host µs, queue busy: wall time of one call issued behind ~1 ms of queued GPU work (a sync
+  shows as waiting for the queue);
+* device µs per call: CUDA events around 100 calls queued behind a sleep kernel (host ahead);
+* whether the result equals ``chunkmeta.reference`` (real rows; padded layouts' padding too).
+
+Prints a table (medians, p99, ratios to chunkmeta's builder), writes ``results.json`` and
+``latency.png`` under ``--out``, and a host-time breakdown of chunkmeta's build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import anchors  # noqa: E402
+
+import chunkmeta  # noqa: E402
+from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference  # noqa: E402
+from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile  # noqa: E402
+from chunkmeta.workloads import workload  # noqa: E402
+
+WORKLOADS = [(1, 4096), (8, 4096), (128, 4096), (128, 32768), (1024, 65536), (1, 196608), (4096, 1048576)]
+CHUNKMETA = ["chunkmeta", "chunkmeta_graph", "chunkmeta_oneshot"]
+SYNCING = {"fla_sync", "fla_host"}
+
+
+def capacity_for(num_seqs: int, num_tokens: int) -> tuple[int, int]:
+    """The builder capacity an engine serving this load would configure."""
+    return max(256, num_seqs), max(8192, num_tokens)
+
+
+class Case:
+    """One workload: inputs on the device and host, and every method as a zero-argument call."""
+
+    def __init__(self, num_seqs: int, num_tokens: int, chunk_size: int):
+        self.key = f"{num_seqs}x{num_tokens // 1024}k"
+        self.batch = workload(num_seqs, num_tokens, seed=num_seqs)
+        self.chunk_size = chunk_size
+        self.ref = reference.chunk_metadata(self.batch.query_start_loc, chunk_size)
+        self.qsl_cpu = torch.tensor(self.batch.query_start_loc, dtype=torch.int32)
+        self.qsl = self.qsl_cpu.cuda()
+        cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
+        self.builder = ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=chunk_size, device="cuda")
+        self.static_qsl = torch.zeros(cap_seqs + 1, dtype=torch.int32, device="cuda")
+        self.static_qsl[: self.qsl.shape[0]].copy_(self.qsl)
+        self.graph = GraphBuild(self.builder, self.static_qsl)
+        self.graph.capture()
+        # FLA caches by tensor identity (last 4 calls): cycle through more distinct tensors than that
+        self.cu_pool = [self.qsl.clone() for _ in range(8)]
+        self.cu_cpu = self.qsl_cpu.clone()
+        self.turn = 0
+        self.methods = {
+            "chunkmeta": lambda: self.builder.build(self.qsl, self.qsl_cpu),
+            "chunkmeta_graph": lambda: self.graph.replay(self.qsl_cpu),
+            "chunkmeta_oneshot": lambda: build_chunk_metadata(self.qsl, self.qsl_cpu, chunk_size=chunk_size),
+        }
+        for name, make in anchors.ANCHORS.items():
+            fn = make(chunk_size)
+            self.methods[name] = (lambda fn=fn: fn(self._fresh_cu(), self.cu_cpu))
+
+    def _fresh_cu(self):
+        self.turn = (self.turn + 1) % len(self.cu_pool)
+        return self.cu_pool[self.turn]
+
+    def check(self, name: str) -> bool:
+        """Run the method once and compare with the reference (reads device memory)."""
+        out = self.methods[name]()
+        ref = self.ref
+        if name in CHUNKMETA:
+            indices, offsets, cu = out.chunk_indices, out.chunk_offsets, out.cu_seqlens
+            if out.padded:
+                rows = [tuple(r) for r in indices.cpu().tolist()]
+                pad = rows[ref.num_chunks:]
+                cu_l = cu.cpu().tolist()
+                return (rows[: ref.num_chunks] == ref.chunk_indices
+                        and all(cu_l[s] == cu_l[s + 1] and t == 0 for s, t in pad)
+                        and offsets.cpu().tolist()[: ref.num_seqs + 1] == ref.chunk_offsets
+                        and cu_l[: ref.num_seqs + 1] == ref.cu_seqlens)
+            if cu.cpu().tolist() != ref.cu_seqlens:
+                return False
+        else:
+            indices, offsets = out
+        rows = [tuple(r) for r in indices.cpu().tolist()]
+        if name == "fla_static":  # capacity-shaped: real rows, then (-1, 0)
+            return rows[: ref.num_chunks] == ref.chunk_indices and all(r == (-1, 0) for r in rows[ref.num_chunks:]) \
+                and offsets.cpu().tolist() == ref.chunk_offsets
+        return rows == ref.chunk_indices and offsets.cpu().tolist() == ref.chunk_offsets \
+            and indices.dtype == torch.int32 and offsets.dtype == torch.int64
+
+
+def host_idle(fn, calls: int) -> list[float]:
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    return samples
+
+
+def host_busy(fn) -> float:
+    torch.cuda.synchronize()
+    busy_queue(1000.0)
+    start = time.perf_counter_ns()
+    fn()
+    elapsed = (time.perf_counter_ns() - start) / 1e3
+    torch.cuda.synchronize()
+    return elapsed
+
+
+def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
+    """Where chunkmeta's build host time goes (medians of per-call times, µs)."""
+    b = case.builder
+    fill = b._fill_for(False)
+    cu_ptr, idx_ptr, off_ptr = b._slot_ptrs[0]
+    n = case.ref.num_seqs
+    nt = case.ref.num_chunks
+    qsl_ptr = case.qsl.data_ptr()
+    parts = {
+        "build": lambda: b.build(case.qsl, case.qsl_cpu),
+        "plan (validation + sizes)": lambda: b._plan(case.qsl, case.qsl_cpu, 0, None),
+        "launch (direct launcher)": lambda: fill.launch(qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt, n, 0),
+        "ChunkMetadata(...)": lambda: chunkmeta.ChunkMetadata(case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt,
+                                                             1, False, 1, b, 0),
+        "empty python call": lambda: None,
+    }
+    out = {}
+    for name, fn in parts.items():
+        for _ in range(100):
+            fn()
+        out[name] = median(host_idle(fn, reps))
+    torch.cuda.synchronize()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument("--workloads", default="all", help="comma list like 1x4,128x32 (seqs x k tokens)")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workloads = WORKLOADS
+    if args.workloads != "all":
+        keep = set(args.workloads.split(","))
+        workloads = [w for w in WORKLOADS if f"{w[0]}x{w[1] // 1024}" in keep]
+
+    results = {}
+    breakdowns = {}
+    for num_seqs, num_tokens in workloads:
+        case = Case(num_seqs, num_tokens, args.chunk_size)
+        names = list(case.methods)
+        matched = {name: (None if name == "floor" else case.check(name)) for name in names}
+        for name in names:  # warm-up: compile, allocator, FLA's caches
+            for _ in range(5):
+                case.methods[name]()
+        torch.cuda.synchronize()
+        idle = {name: [] for name in names}
+        busy = {name: [] for name in names}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[: r % len(names)]  # rotate: no method always first
+            for name in order:
+                idle[name] += host_idle(case.methods[name], 5)
+                torch.cuda.synchronize()
+                busy[name].append(host_busy(case.methods[name]))
+        device = {}
+        for name in names:
+            torch.cuda.synchronize()
+            # the queued sleep must outlast issuing every call, or the GPU idles between calls
+            lead = 100 * max(50.0, 2.0 * median(idle[name]))
+            device[name] = median([device_us_per_call(case.methods[name], calls=100, lead_us=lead)
+                                   for _ in range(3)])
+        torch.cuda.synchronize()
+        results[case.key] = {
+            name: {
+                "host_idle_p50": median(idle[name]), "host_idle_p99": percentile(idle[name], 99),
+                "host_busy_p50": median(busy[name]), "host_busy_p99": percentile(busy[name], 99),
+                "device_us": device[name], "matched": matched[name],
+                "host_bound_device": name in SYNCING,
+            }
+            for name in names
+        }
+        results[case.key]["_workload"] = {"num_seqs": num_seqs, "num_tokens": num_tokens,
+                                          "num_chunks": case.ref.num_chunks,
+                                          "capacity": capacity_for(num_seqs, num_tokens)}
+        breakdowns[case.key] = host_breakdown(case)
+        del case
+        torch.cuda.empty_cache()
+
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "fla": _fla_version(),
+        "python": platform.python_version(),
+        "chunk_size": args.chunk_size,
+        "rounds": args.rounds,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(sys.argv),
+    }
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results,
+                                                      "host_breakdown": breakdowns}, indent=1))
+    print(format_table(results, meta))
+    print(format_breakdown(breakdowns))
+    _plot(results, out_dir / "latency.png")
+    return 0 if all(m["matched"] is not False for w in results.values() for k, m in w.items() if k != "_workload") else 1
+
+
+def _fla_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("fla-core")
+    except Exception:  # noqa: BLE001
+        return "not installed"
+
+
+def format_table(results: dict, meta: dict) -> str:
+    lines = [f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  fla-core {meta['fla']}  "
+             f"C={meta['chunk_size']}  rounds={meta['rounds']}  {meta['date']}",
+             "", "| workload | method | host idle p50 (p99) µs | host busy p50 (p99) µs | device µs | "
+             "x chunkmeta (idle / busy / device) | match |", "|---|---|---|---|---|---|---|"]
+    for key, methods in results.items():
+        base = methods["chunkmeta"]
+        for name, m in methods.items():
+            if name == "_workload":
+                continue
+            device = f"{m['device_us']:.2f}" + (" (host-bound)" if m["host_bound_device"] else "")
+            ratio = (f"{m['host_idle_p50'] / base['host_idle_p50']:.1f} / {m['host_busy_p50'] / base['host_busy_p50']:.1f}"
+                     f" / {m['device_us'] / base['device_us']:.1f}")
+            lines.append(
+                f"| {key} | {name} | {m['host_idle_p50']:.1f} ({m['host_idle_p99']:.1f}) | "
+                f"{m['host_busy_p50']:.1f} ({m['host_busy_p99']:.1f}) | {device} | {ratio} | "
+                f"{ {True: 'yes', False: 'NO', None: 'n/a'}[m['matched']] } |"
+            )
+    return "\n".join(lines)
+
+
+def format_breakdown(breakdowns: dict) -> str:
+    lines = ["", "chunkmeta build, host µs by part (median of single calls):"]
+    for key, parts in breakdowns.items():
+        lines.append(f"  {key}: " + ", ".join(f"{name} {us:.2f}" for name, us in parts.items()))
+    return "\n".join(lines)
+
+
+def _plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    keys = list(results)
+    names = [n for n in results[keys[0]] if n != "_workload"]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    for ax, metric, title in zip(axes, ["host_idle_p50", "host_busy_p50", "device_us"],
+                                 ["host µs, queue idle (p50)", "host µs, queue busy (p50)", "device µs per build"]):
+        for name in names:
+            ax.plot(range(len(keys)), [results[k][name][metric] for k in keys], marker="o", label=name,
+                    linewidth=2.5 if name == "chunkmeta" else 1)
+        ax.set_xticks(range(len(keys)), keys, rotation=30)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""GPU behaviour (run with `pytest -m gpu` on a CUDA machine; skipped elsewhere).
+
+Exactness on thousands of decode-first batches, zero host<->device syncs under
+``torch.cuda.set_sync_debug_mode("error")``, one kernel launch and no metadata copies per build,
+CUDA-graph capture + replay with a new batch every time, and independence across streams.
+"""
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, reference
+from chunkmeta.workloads import from_lengths, random_decode_first, workload
+from checks import assert_exact, assert_padded
+
+pytestmark = pytest.mark.gpu
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def cuda_inputs(batch):
+    qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
+    return qsl_cpu.cuda(), qsl_cpu
+
+
+def random_batches(count, max_seqs, max_tokens, seed):
+    rng = np.random.default_rng(seed)
+    return [random_decode_first(rng, max_seqs, max_tokens) for _ in range(count)]
+
+
+BIG = [workload(4096, 1 << 20, seed=1), workload(1024, 65536, seed=2), from_lengths([196608]),
+       from_lengths([0] * 100 + [70000] + [1] * 3000, first_seq=50)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_builder_equals_reference_on_thousands_of_batches(backend):
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda", backend=backend)
+    batches = random_batches(2000, 64, 32768, seed=11)
+    inputs = [cuda_inputs(b) for b in batches[:3]]
+    with no_sync():
+        results = [builder.build(*x, first_seq=b.first_seq, num_seqs=b.num_seqs) for x, b in zip(inputs, batches)]
+    for md, b in zip(results, batches[:3]):
+        assert_exact(md, b, 64)
+    for b in batches:
+        assert_exact(builder.build(*cuda_inputs(b), first_seq=b.first_seq, num_seqs=b.num_seqs), b, 64)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_large_batches(backend):
+    builder = ChunkMetadataBuilder(4096, 1 << 20, device="cuda", backend=backend)
+    for b in BIG:
+        qsl, qsl_cpu = cuda_inputs(b)
+        with no_sync():
+            md = builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
+        assert_exact(md, b, 64)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_one_shot_equals_reference_and_fla(chunk_size):
+    fla_index = pytest.importorskip("fla.ops.utils.index")
+    for b in random_batches(300, 40, 8000, seed=chunk_size) + BIG[1:3]:
+        qsl, qsl_cpu = cuda_inputs(b)
+        with no_sync():
+            md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size, first_seq=b.first_seq,
+                                      num_seqs=b.num_seqs)
+        assert_exact(md, b, chunk_size)
+        cu = md.cu_seqlens.clone()  # fresh tensor: FLA caches by identity
+        theirs = fla_index.prepare_chunk_indices(cu, chunk_size)
+        assert theirs.dtype == md.chunk_indices.dtype and torch.equal(theirs, md.chunk_indices)
+        offsets = fla_index.prepare_chunk_offsets(cu, chunk_size)
+        assert offsets.dtype == md.chunk_offsets.dtype and torch.equal(offsets, md.chunk_offsets)
+
+
+def test_service_steps_do_not_sync():
+    service = ChunkMetaService(64, 32768, device="cuda", strict=True)
+    batches = random_batches(200, 64, 32768, seed=3)
+    inputs = [cuda_inputs(b) for b in batches]
+    kept = []
+    with no_sync():
+        for b, (qsl, qsl_cpu) in zip(batches, inputs):
+            with service.step(StepBatch(qsl, qsl_cpu, b.first_seq, b.num_seqs)) as md:
+                # what layers do with it: launch kernels reading it (a device copy stands in)
+                kept.append((md.chunk_indices.clone(), md.chunk_offsets.clone(), md.cu_seqlens.clone()))
+    for b, (indices, offsets, cu) in zip(batches, kept):
+        ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
+        assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices
+        assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens
+    assert service.stats().builds == 200
+
+
+def _cuda_activity(fn):
+    """Kernels and memcpys/memsets the profiler sees on the device during fn()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, copies = [], []
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        (copies if ("memcpy" in name or "memset" in name) else kernels).append(event.name)
+    return kernels, copies
+
+
+def test_one_launch_and_no_copies_per_build():
+    builder = ChunkMetadataBuilder(256, 16384, device="cuda")
+    b = random_batches(1, 256, 16384, seed=5)[0]
+    qsl, qsl_cpu = cuda_inputs(b)
+    builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)  # compile outside
+    kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
+    assert len(kernels) == 1 and "chunk_metadata_kernel" in kernels[0], kernels
+    assert copies == [], copies
+    assert builder._fills[False]._run is not None  # the direct launcher is in use
+    # padded layout: also one launch
+    builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
+    kernels, copies = _cuda_activity(lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq,
+                                                                  num_seqs=b.num_seqs))
+    assert len(kernels) == 1 and copies == []
+    # an empty prefill launches nothing at all
+    empty = cuda_inputs(from_lengths([1, 1], first_seq=2))
+    kernels, copies = _cuda_activity(lambda: builder.build(*empty, first_seq=2))
+    assert kernels == [] and copies == []
+
+
+@pytest.mark.parametrize("pad", ["tail", "negative"])
+def test_graph_capture_once_replay_1000_batches(pad):
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda")
+    static_qsl = torch.zeros(129, dtype=torch.int32, device="cuda")
+    graph = GraphBuild(builder, static_qsl, pad=pad)
+    graph.capture()
+    batches = random_batches(1000, 64, 32768, seed=17)
+    host = [torch.tensor(b.query_start_loc, dtype=torch.int32) for b in batches]
+    staged = [h.cuda() for h in host]
+    rows, seqs = builder.capacity.rows, graph.padded_num_seqs + 1
+    history_idx = torch.empty(len(batches), rows, 2, dtype=torch.int32, device="cuda")
+    history_off = torch.empty(len(batches), seqs, dtype=torch.int64, device="cuda")
+    history_cu = torch.empty(len(batches), seqs, dtype=torch.int32, device="cuda")
+    counts = []
+    with no_sync():
+        for k, (b, h, s) in enumerate(zip(batches, host, staged)):
+            static_qsl[: s.shape[0]].copy_(s)  # the engine refreshes its static buffer in place
+            md = graph.replay(h, first_seq=b.first_seq, num_seqs=b.num_seqs)
+            history_idx[k].copy_(md.chunk_indices)
+            history_off[k].copy_(md.chunk_offsets)
+            history_cu[k].copy_(md.cu_seqlens)
+            counts.append((md.num_seqs, md.num_tokens, md.num_chunks))
+    pad_seq = -1 if pad == "negative" else 64
+    idx, off, cu = history_idx.cpu(), history_off.cpu(), history_cu.cpu()
+    for k, b in enumerate(batches):
+        ref = reference.padded_chunk_metadata(b.query_start_loc, 64, graph.padded_num_seqs, rows, pad_seq,
+                                              b.first_seq, b.num_seqs)
+        assert [tuple(r) for r in idx[k].tolist()] == ref.chunk_indices, k
+        assert off[k].tolist() == ref.chunk_offsets and cu[k].tolist() == ref.cu_seqlens, k
+        assert counts[k] == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
+    assert graph.staging_waits == 0
+
+
+def test_graph_replay_is_one_kernel_and_one_params_copy():
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda")
+    static_qsl = torch.zeros(65, dtype=torch.int32, device="cuda")
+    graph = GraphBuild(builder, static_qsl)
+    graph.capture()
+    b = random_batches(1, 64, 32768, seed=8)[0]
+    h = torch.tensor(b.query_start_loc, dtype=torch.int32)
+    static_qsl[: h.shape[0]].copy_(h.cuda())
+    kernels, copies = _cuda_activity(lambda: graph.replay(h, first_seq=b.first_seq, num_seqs=b.num_seqs))
+    assert len(kernels) == 1, kernels
+    assert len(copies) == 1 and "htod" in copies[0].lower(), copies  # the 8-byte (first_seq, num_seqs)
+
+
+def test_second_builder_on_second_stream_is_independent():
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    b1 = ChunkMetadataBuilder(64, 32768, device="cuda")
+    b2 = ChunkMetadataBuilder(64, 32768, device="cuda")
+    assert b1._indices.data_ptr() != b2._indices.data_ptr()
+    batches1 = random_batches(100, 64, 32768, seed=21)
+    batches2 = random_batches(100, 64, 32768, seed=22)
+    out1, out2 = [], []
+    inputs1 = [cuda_inputs(b) for b in batches1]
+    inputs2 = [cuda_inputs(b) for b in batches2]
+    torch.cuda.synchronize()
+    with no_sync():
+        for (x1, h1), (x2, h2), c1, c2 in zip(inputs1, inputs2, batches1, batches2):
+            with torch.cuda.stream(s1):
+                md = b1.build(x1, h1, first_seq=c1.first_seq, num_seqs=c1.num_seqs)
+                out1.append((md.chunk_indices.clone(), md.chunk_offsets.clone()))
+            with torch.cuda.stream(s2):
+                md = b2.build(x2, h2, first_seq=c2.first_seq, num_seqs=c2.num_seqs)
+                out2.append((md.chunk_indices.clone(), md.chunk_offsets.clone()))
+    torch.cuda.synchronize()
+    for outs, batches in ((out1, batches1), (out2, batches2)):
+        for (indices, offsets), b in zip(outs, batches):
+            ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
+            assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices
+            assert offsets.tolist() == ref.chunk_offsets
+
+
+def test_int64_query_start_loc_on_cuda():
+    b = random_batches(1, 32, 8000, seed=9)[0]
+    qsl_cpu = torch.tensor(b.query_start_loc, dtype=torch.int64)
+    builder = ChunkMetadataBuilder(32, 8000, device="cuda")
+    qsl = qsl_cpu.cuda()
+    with no_sync():
+        md = builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
+    assert_exact(md, b, 64)
+
+
+def test_padded_eager_layout_on_cuda():
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda")
+    for b in random_batches(50, 64, 32768, seed=4):
+        inputs = cuda_inputs(b)
+        for pad, pad_seq in (("tail", 64), ("negative", -1)):
+            with no_sync():
+                md = builder.build_padded(*inputs, first_seq=b.first_seq, num_seqs=b.num_seqs, pad=pad)
+            assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)

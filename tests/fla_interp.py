@@ -1,0 +1,110 @@
+"""Test support: run flash-linear-attention's real KDA/GDN forward kernels on CPU tensors under
+Triton's interpreter (``TRITON_INTERPRET=1``, set by the root conftest before triton is imported).
+
+Written for fla-core 0.6.0 and triton 3.9.0 (interpreter), forward passes in float32 (the
+interpreter's bf16 ``tl.dot`` is not faithful). Three narrow, reversible patches, each applied only
+when the problem it fixes is present:
+
+* ``autotune`` — Triton's Autotuner benchmarks its configs even under the interpreter, which
+  needs a GPU driver (``RuntimeError: 0 active drivers``). Keep the first config only: with one
+  config the autotuner skips benchmarking.
+* ``loop_var`` — compiled Triton gives ``range`` loops a tensor induction variable; the
+  interpreter a Python int, so FLA's ``i_t.to(tl.int64)`` (``fla/ops/common/chunk_delta_h.py``)
+  raises. Rewrite ``for i in range(...)`` bodies to start with ``i = i``, which the interpreter's
+  own assignment rewrite turns into a scalar tensor.
+* ``gather`` — FLA's module-level alias ``gather = tl.gather`` (``fla/ops/utils/op.py``) is not
+  swapped for the interpreter's version during a launch; rebind it to a late lookup.
+
+FLA's ``device='cuda'`` fallback on machines without a GPU needs no fix (only no-op contexts see
+it).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import warnings
+
+_PATCHES: list[tuple[object, str, object]] = []
+_MISSING = object()
+
+
+def _set(owner, attr, value):
+    original = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
+    _PATCHES.append((owner, attr, original))
+    setattr(owner, attr, value)
+
+
+def _fix_autotune():
+    from triton.runtime.autotuner import Autotuner
+
+    prune = Autotuner.prune_configs
+
+    def first_config_only(self, kwargs):
+        return list(prune(self, kwargs))[:1]
+
+    _set(Autotuner, "prune_configs", first_config_only)
+
+
+def _fix_loop_var():
+    from triton.runtime import interpreter
+
+    if "visit_For" in interpreter.ASTTransformer.__dict__:
+        return  # this triton's interpreter already rewrites loops
+
+    def is_range(node):
+        return isinstance(node, ast.Call) and (
+            (isinstance(node.func, ast.Name) and node.func.id == "range")
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == "range")
+        )
+
+    def visit_For(self, node):
+        node = self.generic_visit(node)
+        if isinstance(node.target, ast.Name) and is_range(node.iter):
+            name = node.target.id
+            assign = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Name(id=name, ctx=ast.Load()))
+            node.body.insert(0, self.visit_Assign(assign))
+        return node
+
+    _set(interpreter.ASTTransformer, "visit_For", visit_For)
+    interpreter.InterpretedFunction.rewritten_fn.clear()
+
+
+def _late_gather(src, index, axis, **kwargs):
+    import triton.language as tl
+
+    return tl.gather(src, index, axis)
+
+
+def _fix_gather():
+    import triton.language as tl
+
+    for name, module in list(sys.modules.items()):
+        if (name == "fla" or name.startswith("fla.")) and getattr(module, "gather", None) is tl.core.gather:
+            _set(module, "gather", _late_gather)
+
+
+def apply() -> None:
+    """Import FLA's KDA/GDN and patch them for the interpreter. Idempotent."""
+    if _PATCHES:
+        return
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Triton is not supported on current platform, roll back to CPU"
+        import fla.ops.gated_delta_rule  # noqa: F401
+        import fla.ops.kda  # noqa: F401
+        import fla.ops.kda.chunk_intra  # noqa: F401
+    _fix_autotune()
+    _fix_loop_var()
+    _fix_gather()
+
+
+def revert() -> None:
+    while _PATCHES:
+        owner, attr, original = _PATCHES.pop()
+        if original is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)

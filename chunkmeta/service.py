@@ -17,6 +17,10 @@ same stream writes a different ring slot, so step i's metadata is intact. With `
 D, a step's metadata stays intact for D-1 later builds; keep D above the number of steps the
 host can have in flight (default 4; async scheduling needs 2).
 
+Threads: a service serves one thread (the first that opens a step); a call from another thread
+raises ``ChunkMetaError`` (``adopt_thread()`` hands it over). Services share nothing, so one per
+thread (or per model, or per stream) is safe.
+
 CUDA-graph mode: ``graph(query_start_loc_buffer)`` makes a ``GraphBuild`` over the engine's
 static buffer; ``capture_step()`` is the capture-time hook (queues the capturable fill),
 ``begin_graph_step(batch)`` the replay-time hook (host side before the engine replays).
@@ -25,6 +29,7 @@ static buffer; ``capture_step()`` is the capture-time hook (queues the capturabl
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import attrs
@@ -72,11 +77,13 @@ class ChunkMetaService:
         # host ns per build, and sizes, over a window (written in place: cheap enough to leave on)
         self._window = np.zeros((stats_window, 4), dtype=np.int64)
         self._recorded = 0
+        self._thread: int | None = None  # the thread that drives steps (set on first use)
 
     # -- the step lifecycle ---------------------------------------------------------------
 
     def begin_step(self, batch: StepBatch) -> ChunkMetadata:
         """Build the step's metadata and make it ``current``. Raises if a step is open."""
+        self._check_thread()
         if self._current is not None:
             raise ChunkMetaError(
                 f"begin_step while step {self._describe_open()} is open: call end_step() first "
@@ -101,6 +108,7 @@ class ChunkMetaService:
 
     def end_step(self) -> None:
         """Close the open step; its metadata is retired. Raises if no step is open."""
+        self._check_thread()
         if self._current is None:
             raise ChunkMetaError("end_step with no open step: every end_step needs a begin_step.")
         if self.strict:
@@ -152,6 +160,7 @@ class ChunkMetaService:
         ``batch.query_start_loc`` must be the static buffer given to ``graph()`` (the engine has
         written this step's values into it); replay the graph after this call.
         """
+        self._check_thread()
         graph = self._require_graph()
         if self._current is not None:
             raise ChunkMetaError(f"begin_graph_step while step {self._describe_open()} is open: end it first.")
@@ -189,7 +198,26 @@ class ChunkMetaService:
             staging_waits=self._graph.staging_waits if self._graph is not None else 0,
         )
 
+    def adopt_thread(self) -> None:
+        """Hand the service to the calling thread (e.g. an engine that moves its step loop)."""
+        if self._current is not None:
+            raise ChunkMetaError("adopt_thread while a step is open: end the step on its thread first.")
+        self._thread = threading.get_ident()
+
     # -- internals ------------------------------------------------------------------------
+
+    def _check_thread(self) -> None:
+        # One thread drives the steps: the builder's ring and the open step are unsynchronized
+        # state, and two threads interleaving steps would hand one thread the other's metadata.
+        ident = threading.get_ident()
+        if self._thread is None:
+            self._thread = ident
+        elif ident != self._thread:
+            raise ChunkMetaError(
+                f"ChunkMetaService used from thread {ident} but it serves thread {self._thread}: a service "
+                "serves one thread; create one per thread (they share nothing), or call adopt_thread() on the "
+                "new thread when handing it over."
+            )
 
     def _open(self, metadata: ChunkMetadata, step_id: int | None) -> ChunkMetadata:
         self._current = metadata

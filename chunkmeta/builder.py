@@ -7,7 +7,8 @@ Buffers (allocated once, on the builder's device, in ``ring_depth`` slots):
 * ``chunk_indices`` int32 ``[ring_depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
 * ``cu_seqlens_cpu`` int32 ``[ring_depth, max_num_seqs + 2]`` on the host
 
-(``+ 2``: the padded layout reserves one zero-length tail sequence for padding rows.)
+(``+ 2``: the padded layout reserves one zero-length tail sequence for padding rows; each slot
+is rounded up to a 16-byte multiple.)
 
 The ring rule: build ``k`` writes slot ``k % ring_depth`` and returns views of it. The object
 returned by build ``k`` keeps its values through builds ``k+1 .. k+ring_depth-1``; build
@@ -32,6 +33,10 @@ from chunkmeta.torch_fill import fill_torch
 BACKENDS = ("auto", "triton", "torch")
 PADS = ("tail", "negative")
 _VIEW_CACHE_LIMIT = 4096
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -70,9 +75,11 @@ class ChunkMetadataBuilder:
 
         cap = self.capacity
         # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
-        self._cu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32, device=device)
-        self._offsets = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int64, device=device)
-        self._indices = torch.zeros(ring_depth, cap.rows, 2, dtype=torch.int32, device=device)
+        # Slot strides are rounded up to 16 bytes: every slot starts as aligned as the first,
+        # which the compiled kernel (specialized on the first launch's pointers) relies on.
+        self._cu = torch.zeros(ring_depth, _round_up(cap.seqs + 2, 4), dtype=torch.int32, device=device)
+        self._offsets = torch.zeros(ring_depth, _round_up(cap.seqs + 2, 2), dtype=torch.int64, device=device)
+        self._indices = torch.zeros(ring_depth, _round_up(cap.rows, 2), 2, dtype=torch.int32, device=device)
         self._cu_cpu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32)
         self._cu_cpu_np = self._cu_cpu.numpy()
         self._params = torch.zeros(2, dtype=torch.int32, device=device)  # unused by eager fills
@@ -89,7 +96,9 @@ class ChunkMetadataBuilder:
         # type/shape checks and the torch->numpy view are done once per tensor, not per step.
         self._last_cpu = None
         self._last_cpu_array = None
+        self._last_cpu_address = None
         self._last_cpu_len = -1
+        self._scratch = _plan.PlanScratch()
         self._last_dev = None
         self._last_dev_len = -1
 
@@ -146,16 +155,18 @@ class ChunkMetadataBuilder:
 
     def _plan(self, query_start_loc, query_start_loc_cpu, first_seq, num_seqs) -> _plan.StepPlan:
         if query_start_loc_cpu is self._last_cpu and query_start_loc_cpu.shape[0] == self._last_cpu_len:
-            host = self._last_cpu_array
+            host, address = self._last_cpu_array, self._last_cpu_address
         else:
             host = _plan.host_array(query_start_loc_cpu)
+            address = _plan.host_address(host)
             self._last_cpu, self._last_cpu_array, self._last_cpu_len = query_start_loc_cpu, host, host.shape[0]
+            self._last_cpu_address = address
         if query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len:
             _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
             self._last_dev, self._last_dev_len = query_start_loc, query_start_loc.shape[0]
         elif host.shape[0] != self._last_dev_len:
             _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
-        return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity)
+        return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity, self._scratch, address)
 
     def _fill_for(self, padded: bool):
         fill = self._fills.get(padded)

@@ -99,7 +99,8 @@ class GraphBuild:
                 f"query_start_loc_cpu has {host.shape[0]} entries but the static query_start_loc buffer "
                 f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
             )
-        step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity)
+        step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity,
+                               self.builder._scratch, _plan.host_address(host))
         # validated: from here on nothing fails on bad input
         slot = self._generation % len(self._staged)
         event = self._staged[slot]

@@ -30,7 +30,7 @@ def chunk_metadata_kernel(
     query_start_loc,  # *i32|*i64 [R+1], device
     step_params,  # *i32 [2] = (first_seq, num_seqs); read only when PARAMS_ON_DEVICE
     cu_seqlens,  # *i32 [>= seqs_out+1]; entry 0 is never written (always 0)
-    chunk_indices,  # *i32 [>= num_rows, 2]
+    chunk_indices,  # *i32 [>= num_rows, 2], 8-byte aligned (rows are stored as int64 pairs)
     chunk_offsets,  # *i64 [>= seqs_out+1]; entry 0 is never written (always 0)
     first_seq,
     num_seqs,
@@ -52,8 +52,8 @@ def chunk_metadata_kernel(
 
     Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= num_seqs``
     lanes, one ``tl.cumsum``) instead of waiting on another program, so there is no
-    inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS``, which bounds the
-    redundant scans by the row work: total work <= 2 * (BLOCK_SEQS + num_rows).
+    inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS / 4``, which bounds the
+    redundant scans by the row work: total work <= BLOCK_SEQS + 5 * num_rows.
 
     A row's sequence is the number of sequences whose chunks end at or before it; each row
     finds it by binary lifting over the sorted chunk ends (LOG2_BLOCK_SEQS ``tl.gather``
@@ -102,9 +102,10 @@ def chunk_metadata_kernel(
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
         chunk = tl.where(real_row, chunk, 0)
-    row_mask = rows < num_rows
-    tl.store(chunk_indices + 2 * rows, seq, mask=row_mask)
-    tl.store(chunk_indices + 2 * rows + 1, chunk, mask=row_mask)
+    # one 8-byte store per row (i in the low word, t in the high word: little-endian int32 pairs),
+    # coalesced across the warp, instead of two strided 4-byte stores
+    row = (seq.to(tl.int64) & 0xFFFFFFFF) | (chunk.to(tl.int64) << 32)
+    tl.store(chunk_indices.to(tl.pointer_type(tl.int64)) + rows, row, mask=rows < num_rows)
 
 
 def _fast_launch_enabled() -> bool:
@@ -133,10 +134,14 @@ class TritonFill:
     compiled kernel is valid for all values. ``CHUNKMETA_FAST_LAUNCH=0`` keeps the JIT path.
     """
 
-    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool):
+    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
+                 block_rows: int | None = None, num_warps: int | None = None):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
-        self.block_rows = max(self.block_seqs, 1024)  # >= block_seqs: bounds the redundant scans
-        self.num_warps = min(16, max(4, self.block_rows // 256))
+        # Measured on an H200 (bench/RESULTS.md, kernel sweep): 256-row programs are fastest up
+        # to 1024 sequences, 1024-row programs with 8 warps at 4096; block_seqs / 4 keeps the
+        # redundant per-program scans within 4x the row work.
+        self.block_rows = block_rows or max(256, self.block_seqs // 4)
+        self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8)
         self.constexprs = dict(
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
             BLOCK_SEQS=self.block_seqs,
@@ -147,18 +152,19 @@ class TritonFill:
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1
-        self._run = self._function = self._packed = None
+        self._launcher = None  # (kind, callable, fixed leading arguments) once compiled
         self.launches = 0
 
     def launch(self, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int, chunk_offsets: int,
                first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
         """Fast launch with data pointers as ints; False (nothing launched) if not available."""
-        if self._run is None or torch.cuda.current_device() != self._device_index:
+        launcher = self._launcher
+        if launcher is None or torch._C._cuda_getDevice() != self._device_index:
             return False
-        self._run(-(-num_rows // self.block_rows) or 1, 1, 1, torch._C._cuda_getCurrentRawStream(self._device_index),
-                  self._function, self._packed, None, None, None, query_start_loc, params, cu_seqlens,
-                  chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows, seqs_out, pad_seq,
-                  *self._constexpr_values)
+        call, function, fixed = launcher
+        call(-(-num_rows // self.block_rows) or 1, 1, 1, torch._C._cuda_getCurrentRawStream(self._device_index),
+             function, *fixed, query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq,
+             num_seqs, num_rows, seqs_out, pad_seq, *self._constexpr_values)
         self.launches += 1
         return True
 
@@ -176,11 +182,38 @@ class TritonFill:
             seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
         )
         self.launches += 1
-        if (
-            self._run is None
-            and query_start_loc.is_cuda
-            and _fast_launch_enabled()
-            and hasattr(kernel, "packed_metadata")
-        ):
+        if self._launcher is None and query_start_loc.is_cuda and _fast_launch_enabled():
+            self._launcher = _direct_launcher(kernel)
             self._device_index = query_start_loc.device.index
-            self._run, self._function, self._packed = kernel.run, kernel.function, kernel.packed_metadata
+
+
+def _direct_launcher(kernel):
+    """How to launch a compiled kernel without the JIT: ``(callable, function, fixed args)``.
+
+    The compiled kernel's ``run(grid0, grid1, grid2, stream, function, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *args)`` is Triton's own launch entry (3.3 and
+    later). On Triton 3.6's ``CudaLauncher`` that Python wrapper only adds the cooperative/PDL
+    flags and two scratch buffers before calling its C ``launch``; when the kernel uses no
+    scratch, calling ``launch`` directly saves microseconds per build. Any other launcher
+    shape keeps ``run``. None when the kernel lacks what either needs.
+    """
+    import inspect
+
+    run = getattr(kernel, "run", None)
+    packed = getattr(kernel, "packed_metadata", None)
+    if run is None or packed is None:
+        return None
+    launch = getattr(run, "launch", None)
+    try:
+        wrapper = list(inspect.signature(type(run).__call__).parameters)
+    except (TypeError, ValueError):
+        wrapper = []
+    if (
+        launch is not None
+        and wrapper == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+    ):
+        fixed = (run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
+        return launch, kernel.function, fixed
+    return run, kernel.function, (packed, None, None, None)

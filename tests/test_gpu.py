@@ -124,7 +124,7 @@ def test_one_launch_and_no_copies_per_build():
     kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
     assert len(kernels) == 1 and "chunk_metadata_kernel" in kernels[0], kernels
     assert copies == [], copies
-    assert builder._fills[False]._run is not None  # the direct launcher is in use
+    assert builder._fills[False]._launcher is not None  # the direct launcher is in use
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
     kernels, copies = _cuda_activity(lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq,

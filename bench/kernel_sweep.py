@@ -1,0 +1,53 @@
+"""Kernel launch configurations swept on one GPU: device µs per build for each (BLOCK_ROWS,
+num_warps), per workload and builder capacity. This is how TritonFill's defaults were chosen.
+
+    python bench/kernel_sweep.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from chunkmeta import reference
+from chunkmeta.kernels import TritonFill
+from chunkmeta.timing import device_us_per_call, median
+from chunkmeta.workloads import workload
+
+CASES = [(1, 4096, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
+
+
+def main() -> int:
+    print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first")
+    for num_seqs, num_tokens, capacity in CASES:
+        batch = workload(num_seqs, num_tokens, seed=num_seqs)
+        ref = reference.chunk_metadata(batch.query_start_loc, 64)
+        qsl = torch.tensor(batch.query_start_loc, dtype=torch.int32, device="cuda")
+        nt = ref.num_chunks
+        cu = torch.zeros(capacity + 2, dtype=torch.int32, device="cuda")
+        offsets = torch.zeros(capacity + 2, dtype=torch.int64, device="cuda")
+        indices = torch.zeros(nt + 8, 2, dtype=torch.int32, device="cuda")
+        params = torch.zeros(2, dtype=torch.int32, device="cuda")
+        results = []
+        for block_rows in (256, 512, 1024, 2048, 4096):
+            for num_warps in (2, 4, 8, 16):
+                fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                                  block_rows=block_rows, num_warps=num_warps)
+                fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
+                ok = [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
+                args = (qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
+                        0, num_seqs, nt, num_seqs, 0)
+                us = median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)])
+                results.append((us, block_rows, num_warps, ok))
+        results.sort()
+        default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
+        chosen = [us for us, br, nw, ok in results if (br, nw) == (default.block_rows, default.num_warps)]
+        print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
+              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps} {chosen[0]:.2f} | "
+              + "  ".join(f"{br}/{nw}:{us:.2f}{'' if ok else ' WRONG'}" for us, br, nw, ok in results[:6]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The host plan's three paths (compiled helper, Python loop, numpy) agree with each other and
+with the reference on every input, valid or not: same sizes, or the same ChunkMetaError."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chunkmeta import ChunkMetaError, native, plan, reference
+
+CAP = plan.capacity_for(4096, 1 << 20, 64)
+
+
+def outcome(host, first_seq, num_seqs, scratch, address):
+    try:
+        step = plan.plan_step(host, first_seq, num_seqs, 64, CAP, scratch, address)
+        return step._replace(segment=step.segment.tolist())
+    except ChunkMetaError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(-3, 300), min_size=0, max_size=80),
+    start=st.sampled_from([0, 5, -2]),
+    dtype=st.sampled_from([np.int32, np.int64]),
+    data=st.data(),
+)
+def test_paths_agree(lengths, start, dtype, data):
+    host = np.array([start] + [start + int(v) for v in np.cumsum(lengths)], dtype=dtype)
+    first_seq = data.draw(st.integers(0, len(lengths)))
+    num_seqs = data.draw(st.one_of(st.none(), st.integers(0, len(lengths) - first_seq)))
+    scratch = plan.PlanScratch()
+    results = [outcome(host, first_seq, num_seqs, None, None)]  # Python loop or numpy, by size
+    small = plan._SMALL_BATCH
+    try:
+        plan._SMALL_BATCH = -1  # every size takes the compiled helper, then numpy
+        results.append(outcome(host, first_seq, num_seqs, scratch, plan.host_address(host)))
+        results.append(outcome(host, first_seq, num_seqs, None, None))
+    finally:
+        plan._SMALL_BATCH = small
+    assert results[0] == results[1] == results[2]
+    if not isinstance(results[0], str):
+        ref = reference.chunk_metadata(host.tolist(), 64, first_seq, num_seqs)
+        assert (results[0].num_tokens, results[0].num_chunks, results[0].max_seqlen) == (
+            ref.num_tokens, ref.num_chunks, ref.max_seqlen)
+
+
+def test_compiled_helper_is_built_here():
+    """CI and dev machines have a C compiler (Triton needs one too): the helper must load."""
+    assert native.functions() is not None
+
+
+def test_non_contiguous_host_arrays_use_numpy():
+    host = np.arange(0, 40, 2, dtype=np.int32)[::2]
+    assert plan.host_address(host) is None
+    step = plan.plan_step(host, 0, None, 64, CAP, plan.PlanScratch(), None)
+    assert step.num_tokens == 36
+
+
+def test_native_off_switch(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHUNKMETA_NATIVE", "0")
+    monkeypatch.setattr(native, "_functions", native._NOT_LOADED)
+    assert native.functions() is None
+    monkeypatch.setenv("CHUNKMETA_NATIVE", "1")
+    monkeypatch.setenv("CHUNKMETA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_functions", native._NOT_LOADED)
+    assert native.functions() is not None and list(tmp_path.glob("plan-*.so"))

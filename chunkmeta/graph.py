@@ -6,8 +6,10 @@ changes per step must live in device memory at fixed addresses:
 * the engine's static ``query_start_loc`` buffer (engines already update it in place before
   each replay);
 * ``params`` = ``(first_seq, num_seqs)``, int32 on the device, refreshed by ``prepare()`` with
-  one 8-byte non-blocking copy from pinned host memory (a small ring of staging slots, so a copy
-  still queued behind the GPU never sees its source overwritten);
+  one 8-byte non-blocking copy from pinned host memory. The host values go through a ring of
+  1024 staging slots, so a copy still queued behind the GPU never sees its source overwritten;
+  a CUDA event recorded once per 32 steps tells when a block of slots is free again (the host
+  waits only if it runs more than 1024 steps ahead of the GPU);
 * the outputs: capacity-shaped padded tensors owned by the ``GraphBuild``, written in place.
 
 The split matches engines' graph runners: ``launch()`` is the in-graph part (capture it, or call
@@ -27,6 +29,9 @@ from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
 
 
+_EVENT_EVERY = 32  # staging slots per CUDA event
+
+
 class GraphBuild:
     """Graph-capturable chunk metadata for one static ``query_start_loc`` buffer.
 
@@ -36,7 +41,7 @@ class GraphBuild:
     """
 
     def __init__(self, builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, *, pad: str = "tail",
-                 staging_depth: int = 8):
+                 staging_depth: int = 1024):
         if pad not in PADS:
             raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
@@ -60,10 +65,14 @@ class GraphBuild:
         self._cu_cpu_np = self._cu_cpu.numpy()
         self._params = torch.zeros(2, dtype=torch.int32, device=device)
         on_cuda = device.type == "cuda"
+        if staging_depth % _EVENT_EVERY or staging_depth < 2 * _EVENT_EVERY:
+            raise ChunkMetaError(f"staging_depth={staging_depth}: must be a multiple of {_EVENT_EVERY}, at least "
+                                 f"{2 * _EVENT_EVERY}.")
         self._staging = torch.zeros(staging_depth, 2, dtype=torch.int32, pin_memory=on_cuda)
         self._staging_np = self._staging.numpy()
-        self._staged = [torch.cuda.Event() if on_cuda else None for _ in range(staging_depth)]
-        self._staged_used = [False] * staging_depth
+        # one event per block of _EVENT_EVERY slots, recorded after the block's last copy
+        self._block_events = [torch.cuda.Event() if on_cuda else None for _ in range(staging_depth // _EVENT_EVERY)]
+        self._block_recorded = [False] * len(self._block_events)
         self._device_index = device.index
         self._stream = None
         self._stream_raw = None
@@ -102,19 +111,22 @@ class GraphBuild:
         step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity,
                                self.builder._scratch, _plan.host_address(host))
         # validated: from here on nothing fails on bad input
-        slot = self._generation % len(self._staged)
-        event = self._staged[slot]
-        if event is not None and self._staged_used[slot] and not event.query():
-            # The copy that last read this staging slot has not run yet: the GPU is more than
-            # staging_depth steps behind the host. Wait for it rather than overwrite its source.
-            self.staging_waits += 1
-            event.synchronize()
+        slot = self._generation % self._staging_np.shape[0]
+        block = slot // _EVENT_EVERY
+        event = self._block_events[block]
+        if event is not None and slot % _EVENT_EVERY == 0 and self._block_recorded[block]:
+            # Entering a block of slots whose copies were queued one ring ago: their event tells
+            # whether they ran. Only a host more than a ring ahead of the GPU waits here.
+            if not event.query():
+                self.staging_waits += 1
+                event.synchronize()
+            self._block_recorded[block] = False
         self._staging_np[slot, 0] = step.first_seq
         self._staging_np[slot, 1] = step.num_seqs
         self._params.copy_(self._staging[slot], non_blocking=event is not None)
-        if event is not None:
+        if event is not None and slot % _EVENT_EVERY == _EVENT_EVERY - 1:
             event.record(self._current_stream())
-            self._staged_used[slot] = True
+            self._block_recorded[block] = True
         n = step.num_seqs
         np.subtract(step.segment, step.segment[0], out=self._cu_cpu_np[: n + 1], casting="unsafe")
         self._cu_cpu_np[n + 1:] = step.num_tokens

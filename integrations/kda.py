@@ -19,6 +19,10 @@ backward) runs as is.
 * ``patch_fla(service)``: for unmodified callers; while the service has an open step, calls with
   that step's ``cu_seqlens`` get the step's tables. A context manager; ``uninstall()`` too.
 
+The wrappers are installed on first use and stay for the process (rebinding means scanning the
+loaded modules: too slow per call); they cost one identity check per helper call and fall
+through to FLA whenever no chunkmeta metadata matches. ``restore_fla()`` removes them.
+
 Layouts: the exact layout; the padded ``"tail"`` layout (a padded ``cu_seqlens`` whose padding
 rows point at a zero-length tail, valid for every FLA kernel; ``initial_state`` then has one row
 per padded sequence); the padded ``"negative"`` layout, KDA only, run through FLA's
@@ -80,6 +84,7 @@ class FlaRouter:
         self._require = require
         self._lock = threading.Lock()
         self._installs = 0
+        self._persistent = False
         self._originals: dict[str, object] = {}
         self._patched: list[tuple[object, str, object]] = []
         self._local = threading.local()
@@ -116,9 +121,27 @@ class FlaRouter:
                 return
             self._installs -= 1
             if self._installs == 0:
-                for module, name, original in reversed(self._patched):
-                    setattr(module, name, original)
-                self._patched.clear()
+                self._unpatch()
+
+    def ensure_installed(self) -> None:
+        """Install once for the rest of the process (the adapters' use): rebinding FLA's names
+        means scanning every loaded module, far too slow to redo per call, and the wrappers fall
+        through to FLA whenever no chunkmeta metadata matches."""
+        if not self._persistent:
+            self.install()
+            self._persistent = True
+
+    def restore(self) -> None:
+        """Remove the wrappers whoever installed them."""
+        with self._lock:
+            self._installs = 0
+            self._persistent = False
+            self._unpatch()
+
+    def _unpatch(self) -> None:
+        for module, name, original in reversed(self._patched):
+            setattr(module, name, original)
+        self._patched.clear()
 
     @property
     def installed(self) -> bool:
@@ -209,28 +232,27 @@ def chunk_kda(q, k, v, g, beta, *, metadata: ChunkMetadata, **fla_kwargs):
     Returns what FLA returns. No FLA ``prepare_*`` computation runs, so nothing syncs.
     """
     kwargs = _prepared_kwargs(metadata, fla_kwargs, allow_graph=True)
-    _ROUTER.install()
-    try:
-        import fla.ops.kda
+    _ROUTER.ensure_installed()
+    import fla.ops.kda
 
-        with _ROUTER.active(metadata):
-            return fla.ops.kda.chunk_kda(q, k, v, g, beta, **kwargs)
-    finally:
-        _ROUTER.uninstall()
+    with _ROUTER.active(metadata):
+        return fla.ops.kda.chunk_kda(q, k, v, g, beta, **kwargs)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, metadata: ChunkMetadata, **fla_kwargs):
     """FLA's ``chunk_gated_delta_rule`` (GDN) with ``metadata``'s tables (exact or tail-padded)."""
     kwargs = _prepared_kwargs(metadata, fla_kwargs, allow_graph=False)
     kwargs["chunk_indices"] = metadata.chunk_indices
-    _ROUTER.install()
-    try:
-        import fla.ops.gated_delta_rule
+    _ROUTER.ensure_installed()
+    import fla.ops.gated_delta_rule
 
-        with _ROUTER.active(metadata):
-            return fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
-    finally:
-        _ROUTER.uninstall()
+    with _ROUTER.active(metadata):
+        return fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
+
+
+def restore_fla() -> None:
+    """Put FLA's own helpers back (the adapters re-install theirs on their next call)."""
+    _ROUTER.restore()
 
 
 class FlaPatch:

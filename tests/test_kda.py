@@ -127,8 +127,10 @@ def test_gdn_exact_and_tail_padded_are_bit_identical(x, fla_gdn_ref):
 
 def test_patch_fla_serves_unmodified_callers(x, fla_kda_ref):
     service = ChunkMetaService(4, 256, device="cpu")
-    originals = {name: getattr(fla_kda.chunk, name) for name in ("prepare_chunk_indices",)}
+    kda.restore_fla()
+    original = fla_kda.chunk.prepare_chunk_indices
     with kda.patch_fla(service):
+        assert fla_kda.chunk.prepare_chunk_indices is not original
         with service.step(StepBatch(*tensors_for(BATCH), first_seq=2)) as md:
             before = kda.router_hits()
             # an engine's own call site: FLA's public API, given the step's cu_seqlens
@@ -140,7 +142,25 @@ def test_patch_fla_serves_unmodified_callers(x, fla_kda_ref):
         before = kda.router_hits()
         fla_kda.chunk.prepare_chunk_indices(fla_cu(BATCH), 64)
         assert kda.router_hits() == before
-    assert fla_kda.chunk.prepare_chunk_indices is originals["prepare_chunk_indices"]  # uninstalled
+    assert fla_kda.chunk.prepare_chunk_indices is original  # uninstalled: nobody else installed them
+    with service.step(StepBatch(*tensors_for(BATCH), first_seq=2)) as md:  # no longer served
+        before = kda.router_hits()
+        fla_kda.chunk.prepare_chunk_indices(md.cu_seqlens, 64)
+        assert kda.router_hits() == before
+
+
+def test_adapters_keep_wrappers_installed_and_restore_fla_removes_them(x):
+    md = builder().build(*tensors_for(BATCH), first_seq=2)
+    original = fla_kda.chunk.prepare_chunk_indices
+    kda.restore_fla()
+    assert fla_kda.chunk.prepare_chunk_indices is original
+    run_kda(x, md, 3)
+    assert fla_kda.chunk.prepare_chunk_indices is not original  # stays for later calls
+    before = kda.router_hits()
+    fla_kda.chunk.prepare_chunk_indices(fla_cu(BATCH), 64)  # not ours: falls through to FLA
+    assert kda.router_hits() == before
+    kda.restore_fla()
+    assert fla_kda.chunk.prepare_chunk_indices is original
 
 
 def test_adapter_errors():

@@ -174,6 +174,8 @@ class FlaRouter:
     def _chunk_indices(self, cu_seqlens, chunk_size, cu_seqlens_cpu=None):
         metadata = self._lookup(cu_seqlens, chunk_size)
         if metadata is None:
+            if cu_seqlens_cpu is None:  # vendored copies (SGLang's) take no cu_seqlens_cpu
+                return self._originals["prepare_chunk_indices"](cu_seqlens, chunk_size)
             return self._originals["prepare_chunk_indices"](cu_seqlens, chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
         if metadata.padding == "negative":
             raise ChunkMetaError(

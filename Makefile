@@ -24,5 +24,72 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
 
+# Opt-in: the SGLang adapter against a real SGLang (CPU). Its own venv, .venv-sglang: SGLang's
+# wheel without its dependencies (it pins another torch), then the pure-Python/CPU packages its
+# backend modules import, every pip line pinned to torch==2.13.0 so nothing pulls another torch.
+# Never torchvision: tests/sglang_cpu_stubs.py stands in for it. `rm -rf .venv-sglang` to rebuild.
+.PHONY: test-sglang
+SGLANG_VERSION ?= 0.5.23
+SGLANG_VENV := .venv-sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.sglang-$(SGLANG_VERSION)-installed
+TORCH_PIN := torch==2.13.0
+
+$(SGLANG_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN)
+	rm -rf $(SGLANG_VENV)/wheels
+	$(SGLANG_PY) -m pip download --quiet --no-deps -d $(SGLANG_VENV)/wheels sglang==$(SGLANG_VERSION)
+	$(SGLANG_PY) -m pip install --quiet --no-deps $(SGLANG_VENV)/wheels/sglang-*.whl
+	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) numpy orjson psutil pybase64 requests packaging pillow \
+		starlette msgspec pydantic pyzmq tqdm IPython aiohttp dill einops gguf partial_json_parser uvicorn \
+		fastapi triton transformers==5.19.0 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 \
+		compressed-tensors==0.18.0 openai==2.8.0
+	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) pytest attrs -e .
+	$(SGLANG_PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(SGLANG_STAMP)
+
+test-sglang: $(SGLANG_STAMP)
+	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/test_sglang_real.py tests/test_sglang.py
+
+# Opt-in: the vLLM adapter against the real vLLM (CPU, VLLM_TARGET_DEVICE=cpu). Its own venv,
+# .venv-vllm. Every install is --no-deps with torch==2.13.0 named explicitly: vLLM 0.33.0 pins
+# torch==2.14.0 and CUDA wheels, which a resolving install would download (gigabytes). The vLLM
+# wheel (336 MB) is downloaded once into VLLM_WHEEL_DIR. The suite's addopts name
+# pytest-benchmark's flag, which this venv leaves out. `rm -rf .venv-vllm` to rebuild.
+.PHONY: test-vllm
+VLLM_VERSION ?= 0.33.0
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.vllm-$(VLLM_VERSION)-installed
+VLLM_WHEEL_DIR ?= $(VLLM_VENV)/wheels
+VLLM_PIP := $(VLLM_PY) -m pip install --quiet --no-deps torch==2.13.0
+# torch's requirements; the pure-Python/CPU packages vLLM's config, attention-backend and model
+# modules import (pinned where vLLM pins them); pytest's.
+VLLM_DEPS := filelock fsspec jinja2 MarkupSafe networkx sympy mpmath typing-extensions setuptools \
+	packaging regex requests urllib3 idna certifi charset-normalizer numpy psutil pyzmq \
+	pydantic pydantic-core typing-inspection annotated-types cbor2 \
+	transformers==5.20.2 huggingface_hub tqdm httpx2 httpcore2 truststore h11 pyyaml \
+	safetensors tokenizers aiohttp multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist \
+	oss-harmony==0.0.11 openai sniffio anyio pillow pybase64 cachetools msgspec cloudpickle uvloop \
+	py-cpuinfo prometheus_client xgrammar==0.2.8 apache-tvm-ffi==0.1.11 fastapi==0.136.3 \
+	starlette annotated-doc partial-json-parser llguidance==1.7.6 \
+	einops compressed-tensors==0.17.0 loguru \
+	pytest pluggy iniconfig pygments
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) $(VLLM_DEPS)
+	ls $(VLLM_WHEEL_DIR)/vllm-$(VLLM_VERSION)-*.whl >/dev/null 2>&1 || \
+		$(VLLM_PY) -m pip download --quiet --no-deps -d $(VLLM_WHEEL_DIR) vllm==$(VLLM_VERSION)
+	$(VLLM_PIP) $(VLLM_WHEEL_DIR)/vllm-$(VLLM_VERSION)-*.whl
+	$(VLLM_PIP) -e .
+	$(VLLM_PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
+		tests/test_vllm_real.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info

@@ -11,6 +11,7 @@ from chunkmeta.builder import ChunkMetadataBuilder, build_chunk_metadata
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.graph import GraphBuild
 from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.plan import verify_host_copy
 from chunkmeta.service import ChunkMetaService, ServiceStats
 
 __version__ = "0.1.0"
@@ -25,4 +26,5 @@ __all__ = [
     "ChunkMetadataBuilder",
     "build_chunk_metadata",
     "reference",
+    "verify_host_copy",
 ]

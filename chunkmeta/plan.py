@@ -290,3 +290,22 @@ def diagnose_step(host: np.ndarray, first_seq: int, num_seqs: int, chunk_size: i
             f"{capacity.rows}: raise max_num_tokens or max_num_seqs."
         )
     raise AssertionError("diagnose_step found nothing wrong with a step the fast checks rejected")
+
+
+def verify_host_copy(query_start_loc, query_start_loc_cpu) -> None:
+    """Check that the device ``query_start_loc`` holds the host copy's values.
+
+    Every build trusts this (reading the device copy is the sync chunkmeta exists to avoid), so
+    this function synchronizes: call it off the hot path (``ChunkMetaService(audit_every=k)``
+    does so every k-th step). Raises ChunkMetaError naming the first differing index.
+    """
+    host = host_array(query_start_loc_cpu)
+    check_device_tensor(query_start_loc, host.shape[0], None)
+    device = query_start_loc.cpu().numpy()  # the sync, deliberately
+    different = np.flatnonzero(device != host)
+    if different.size:
+        i = int(different[0])
+        raise ChunkMetaError(
+            f"query_start_loc[{i}]={int(device[i])} on the device but query_start_loc_cpu[{i}]={int(host[i])}: "
+            "the host copy must hold the device tensor's values (copy them in the same scheduler step)."
+        )

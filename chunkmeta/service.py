@@ -41,6 +41,7 @@ from chunkmeta.builder import ChunkMetadataBuilder
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.graph import GraphBuild
 from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.plan import verify_host_copy
 
 
 @attrs.frozen(slots=True)
@@ -66,10 +67,13 @@ class ChunkMetaService:
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, *, chunk_size: int = 64,
                  device: torch.device | str, backend: str = "auto", ring_depth: int = 4, strict: bool = False,
-                 stats_window: int = 1024):
+                 stats_window: int = 1024, audit_every: int = 0):
         self.builder = ChunkMetadataBuilder(max_num_seqs, max_num_tokens, chunk_size=chunk_size, device=device,
                                             backend=backend, ring_depth=ring_depth)
         self.strict = strict
+        # audit_every > 0: every k-th step also checks the device query_start_loc against the host
+        # copy (a sync: a debugging aid, off by default); see plan.verify_host_copy.
+        self.audit_every = audit_every
         self._current: ChunkMetadata | None = None
         self._current_step_id: int | None = None
         self._graph: GraphBuild | None = None
@@ -89,6 +93,8 @@ class ChunkMetaService:
                 f"begin_step while step {self._describe_open()} is open: call end_step() first "
                 "(or use the step() context manager)."
             )
+        if self.audit_every and self._recorded % self.audit_every == 0:
+            verify_host_copy(batch.query_start_loc, batch.query_start_loc_cpu)
         start = time.perf_counter_ns()
         metadata = self.builder.build(batch.query_start_loc, batch.query_start_loc_cpu,
                                       first_seq=batch.first_seq, num_seqs=batch.num_seqs)

@@ -1,4 +1,7 @@
-"""Assertions shared by the test modules: a ChunkMetadata against the reference oracle."""
+"""Assertions shared by the test modules: a ChunkMetadata against the reference oracle, and the
+no-sync check for GPU tests."""
+
+import contextlib
 
 import torch
 
@@ -63,3 +66,14 @@ def assert_padded(md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_r
 def tensors_for(batch: Batch, device="cpu", dtype=torch.int32):
     qsl_cpu = torch.tensor(batch.query_start_loc, dtype=dtype)
     return qsl_cpu.to(device), qsl_cpu
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

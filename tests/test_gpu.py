@@ -5,7 +5,6 @@ Exactness on thousands of decode-first batches, zero host<->device syncs under
 CUDA-graph capture + replay with a new batch every time, and independence across streams.
 """
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -13,20 +12,9 @@ import torch
 
 from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, reference
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
-from checks import assert_exact, assert_padded
+from checks import assert_exact, assert_padded, no_sync
 
 pytestmark = pytest.mark.gpu
-
-
-@contextlib.contextmanager
-def no_sync():
-    """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
 
 
 def cuda_inputs(batch):

@@ -6,7 +6,6 @@ exact layout, the tail-padded layout and KDA's use_graph layout, and through pat
 GPU (`-m gpu`): bf16 at realistic shapes, bit-identical, and no sync in the forward.
 """
 
-import os
 
 import pytest
 import torch

@@ -2,7 +2,6 @@
 with the reference on every input, valid or not: same sizes, or the same ChunkMetaError."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -181,3 +181,17 @@ def test_graph_metadata_retires_at_next_prepare():
     assert not md.is_live and md2.is_live
     with pytest.raises(ChunkMetaError, match="retired"):
         md.check_live()
+
+
+def test_audit_catches_a_device_copy_that_differs_from_the_host_copy():
+    svc = service(audit_every=2)
+    qsl, qsl_cpu = tensors_for(B1)
+    bad = qsl.clone()
+    bad[3] += 1
+    with svc.step(StepBatch(qsl, qsl_cpu, first_seq=2)):  # step 0: audited, consistent
+        pass
+    with svc.step(StepBatch(bad, qsl_cpu, first_seq=2)):  # step 1: not audited (every 2nd)
+        pass
+    with pytest.raises(ChunkMetaError, match=r"query_start_loc\[3\]=.* on the device but query_start_loc_cpu\[3\]"):
+        svc.begin_step(StepBatch(bad, qsl_cpu, first_seq=2))  # step 2: audited
+    assert not svc.in_step

@@ -9,7 +9,6 @@ GPU (`-m gpu`): the same paths with torch.cuda.set_sync_debug_mode("error"), and
 captured in a torch.cuda.CUDAGraph, replayed with changing extend batches.
 """
 
-import contextlib
 import inspect
 import logging
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from chunkmeta import ChunkMetaError, reference
+from checks import no_sync
 import sglang_fake
 from sglang_fake import ForwardMode, decode_batch, extend_batch, mixed_batch
 
@@ -546,7 +546,7 @@ def test_install_on_a_legacy_layout():
 def test_install_errors():
     with pytest.raises(ChunkMetaError, match="package='no_such_sglang' is not importable"):
         sg.install("no_such_sglang")
-    old = sglang_fake.register("fake_sglang_old", "0.5.12")
+    sglang_fake.register("fake_sglang_old", "0.5.12")
     try:
         import sys
 
@@ -580,16 +580,6 @@ def test_plugin_is_opt_in(monkeypatch):
 
 
 # -- GPU -------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def no_sync():
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-
 
 def random_lens(rng, max_seqs=16, max_tokens=4096):
     n = int(rng.integers(1, max_seqs + 1))

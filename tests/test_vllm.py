@@ -8,7 +8,6 @@ under `torch.cuda.set_sync_debug_mode("error")`. The real vLLM runs in tests/tes
 (`make test-vllm`).
 """
 
-import contextlib
 import importlib
 import logging
 import sys
@@ -22,6 +21,7 @@ import vllm_fake as fake
 from chunkmeta import ChunkMetaError, ChunkMetadataBuilder
 from chunkmeta.integrations import vllm as adapter
 from chunkmeta.workloads import random_decode_first
+from checks import no_sync
 
 pytest.importorskip("fla")
 
@@ -547,17 +547,6 @@ def test_adapter_never_imports_vllm():
 
 
 # -- GPU ------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def no_sync():
-    """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
 
 
 def hook_without_sync(builder):

@@ -109,7 +109,7 @@ def _expect(fn, fragments):
     return message
 
 
-@pytest.mark.parametrize("entry", ["build", "build_padded", "one_shot", "service", "graph"])
+@pytest.mark.parametrize("entry", ["build", "build_padded", "one_shot", "service", "graph", "vllm_drop_in"])
 @SETTINGS
 @given(data=st.data())
 def test_corrupted_steps_raise_and_change_nothing(entry, data):
@@ -125,6 +125,14 @@ def test_corrupted_steps_raise_and_change_nothing(entry, data):
         if name in ("wrong device",):  # the one-shot allocates on the input's device: nothing to mismatch
             return
         _expect(lambda: build_chunk_metadata(qsl, cpu, **kwargs), fragments)
+    elif entry == "vllm_drop_in":  # the ROCm Kimi-K3 helper's signature: whole batch, names cu_seqlens
+        if name in ("wrong device", "first_seq past the end", "negative first_seq", "num_seqs past the end",
+                    "float num_seqs"):
+            return  # no slice arguments in that signature; it allocates on the input's device
+        from chunkmeta.integrations import vllm
+
+        _expect(lambda: vllm.prepare_chunk_metadata_device(qsl, cpu, 64),
+                [f.replace("query_start_loc", "cu_seqlens") for f in fragments])
     elif entry == "service":
         service = ChunkMetaService(CAP_SEQS, CAP_TOKENS, device="cpu")
         service.builder = live.builder  # serve from the builder whose live objects we watch

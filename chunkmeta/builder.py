@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import numpy as np
 import torch
 
 from chunkmeta import plan as _plan
@@ -161,11 +160,10 @@ class ChunkMetadataBuilder:
             address = _plan.host_address(host)
             self._last_cpu, self._last_cpu_array, self._last_cpu_len = query_start_loc_cpu, host, host.shape[0]
             self._last_cpu_address = address
-        if query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len:
+        if (query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len
+                or host.shape[0] != self._last_dev_len):
             _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
             self._last_dev, self._last_dev_len = query_start_loc, query_start_loc.shape[0]
-        elif host.shape[0] != self._last_dev_len:
-            _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
         return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity, self._scratch, address)
 
     def _fill_for(self, padded: bool):
@@ -214,11 +212,7 @@ class ChunkMetadataBuilder:
             else:
                 fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
                            padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)
-        host_cu = self._cu_cpu_np[slot]
-        segment = step.segment
-        np.subtract(segment, segment[0], out=host_cu[: n + 1], casting="unsafe")
-        if seqs_out > n:
-            host_cu[n + 1: seqs_out + 1] = step.num_tokens
+        _plan.write_host_cu_seqlens(step, self._cu_cpu_np[slot, : seqs_out + 1])
 
         self._builds = generation
         self._slot_generation[slot] = generation

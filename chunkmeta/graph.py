@@ -20,7 +20,6 @@ every batch that fits the capacity. Nothing allocates or synchronizes per step.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from chunkmeta import plan as _plan
@@ -127,11 +126,9 @@ class GraphBuild:
         if event is not None and slot % _EVENT_EVERY == _EVENT_EVERY - 1:
             event.record(self._current_stream())
             self._block_recorded[block] = True
-        n = step.num_seqs
-        np.subtract(step.segment, step.segment[0], out=self._cu_cpu_np[: n + 1], casting="unsafe")
-        self._cu_cpu_np[n + 1:] = step.num_tokens
+        _plan.write_host_cu_seqlens(step, self._cu_cpu_np)
         self._generation += 1
-        self._metadata = self._metadata_for(n, step.num_tokens, step.num_chunks, step.max_seqlen)
+        self._metadata = self._metadata_for(step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
         return self._metadata
 
     def _current_stream(self) -> torch.cuda.Stream:

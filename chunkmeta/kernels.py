@@ -153,7 +153,6 @@ class TritonFill:
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1
         self._launcher = None  # (kind, callable, fixed leading arguments) once compiled
-        self.launches = 0
 
     def launch(self, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int, chunk_offsets: int,
                first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
@@ -165,7 +164,6 @@ class TritonFill:
         call(-(-num_rows // self.block_rows) or 1, 1, 1, torch._C._cuda_getCurrentRawStream(self._device_index),
              function, *fixed, query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq,
              num_seqs, num_rows, seqs_out, pad_seq, *self._constexpr_values)
-        self.launches += 1
         return True
 
     def __call__(self, query_start_loc: torch.Tensor, params: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -181,7 +179,6 @@ class TritonFill:
             query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
             seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
         )
-        self.launches += 1
         if self._launcher is None and query_start_loc.is_cuda and _fast_launch_enabled():
             self._launcher = _direct_launcher(kernel)
             self._device_index = query_start_loc.device.index

@@ -235,6 +235,14 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
     return StepPlan(first_seq, num_seqs, num_tokens, num_chunks, max_seqlen, segment)
 
 
+def write_host_cu_seqlens(step: StepPlan, out: np.ndarray) -> None:
+    """The host copy of ``cu_seqlens`` into ``out`` (int32, ``len(out) - 1`` sequences): the
+    slice rebased to 0, then zero-length tail sequences (the padded layout) up to the end."""
+    n = step.num_seqs
+    np.subtract(step.segment, step.segment[0], out=out[: n + 1], casting="unsafe")
+    out[n + 1:] = step.num_tokens
+
+
 def index_arg(name: str, value) -> int:
     """An integer argument given as any integral type (numpy ints included), never a bool."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

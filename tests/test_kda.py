@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from chunkmeta import ChunkMetaError, ChunkMetadataBuilder, ChunkMetaService, StepBatch
 from chunkmeta.workloads import from_lengths
-from checks import tensors_for
+from checks import no_sync, tensors_for
 
 pytest.importorskip("fla")
 kda = pytest.importorskip("chunkmeta.integrations.kda")
@@ -197,46 +197,32 @@ GPU_BATCHES = [[4096], [1, 1, 300, 0, 2000, 65], [1] * 8 + [777] * 8, [128] * 64
                [8192, 8192, 8192, 8192]]
 
 
+def assert_bit_identical_without_sync(batch, args, h0, fla_forward, our_forward, kw):
+    """FLA's own path (deriving its metadata) is the reference; ours builds and runs under the
+    sync check, after one warm-up call (Triton autotuning syncs)."""
+    builder_ = ChunkMetadataBuilder(128, 32768, device="cuda")
+    qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
+    qsl = qsl_cpu.cuda()
+    ref_o, ref_ht = fla_forward(*args, initial_state=h0, cu_seqlens=fla_cu(batch, "cuda"), **kw)
+    our_forward(*args, metadata=builder_.build(qsl, qsl_cpu), initial_state=h0, **kw)
+    with no_sync():
+        o, ht = our_forward(*args, metadata=builder_.build(qsl, qsl_cpu), initial_state=h0, **kw)
+    assert torch.equal(o, ref_o) and torch.equal(ht, ref_ht)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lengths", GPU_BATCHES, ids=lambda L: f"{len(L)}seqs-{sum(L)}tok")
 def test_kda_gpu_bf16_bit_identical_and_sync_free(lengths):
     batch = from_lengths(lengths)
-    heads, dim = 32, 128
-    x = inputs(batch.num_tokens, batch.num_seqs, device="cuda", dtype=torch.bfloat16, heads=heads, dim=dim)
-    builder_ = ChunkMetadataBuilder(128, 32768, device="cuda")
-    qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
-    qsl = qsl_cpu.cuda()
+    x = inputs(batch.num_tokens, batch.num_seqs, device="cuda", dtype=torch.bfloat16, heads=32, dim=128)
     args = (x["q"], x["k"], x["v"], x["g_kda"], x["beta"])
-    ref_o, ref_ht = fla_kda.chunk_kda(*args, initial_state=x["h0"], cu_seqlens=fla_cu(batch, "cuda"), **KDA_KW)
-    md = builder_.build(qsl, qsl_cpu)
-    kda.chunk_kda(*args, metadata=md, initial_state=x["h0"], **KDA_KW)  # warm-up (autotune) outside the check
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        md = builder_.build(qsl, qsl_cpu)
-        o, ht = kda.chunk_kda(*args, metadata=md, initial_state=x["h0"], **KDA_KW)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert torch.equal(o, ref_o) and torch.equal(ht, ref_ht)
+    assert_bit_identical_without_sync(batch, args, x["h0"], fla_kda.chunk_kda, kda.chunk_kda, KDA_KW)
 
 
 @pytest.mark.gpu
 def test_gdn_gpu_bf16_bit_identical_and_sync_free():
     batch = from_lengths([1, 1, 300, 0, 2000, 65, 4096])
     x = inputs(batch.num_tokens, batch.num_seqs, device="cuda", dtype=torch.bfloat16, heads=16, dim=128)
-    builder_ = ChunkMetadataBuilder(128, 32768, device="cuda")
-    qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
-    qsl = qsl_cpu.cuda()
     args = (x["q"], x["k"], x["v"], x["g_gdn"], torch.sigmoid(x["beta"]))
-    ref_o, ref_ht = fla_gdn.chunk_gated_delta_rule(*args, initial_state=x["h0"], cu_seqlens=fla_cu(batch, "cuda"),
-                                                   **GDN_KW)
-    md = builder_.build(qsl, qsl_cpu)
-    kda.chunk_gated_delta_rule(*args, metadata=md, initial_state=x["h0"], **GDN_KW)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        md = builder_.build(qsl, qsl_cpu)
-        o, ht = kda.chunk_gated_delta_rule(*args, metadata=md, initial_state=x["h0"], **GDN_KW)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert torch.equal(o, ref_o) and torch.equal(ht, ref_ht)
+    assert_bit_identical_without_sync(batch, args, x["h0"], fla_gdn.chunk_gated_delta_rule,
+                                      kda.chunk_gated_delta_rule, GDN_KW)

@@ -125,21 +125,32 @@ def host_busy(fn) -> float:
 def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
     """Where chunkmeta's build host time goes (medians of per-call times, µs)."""
     b = case.builder
+    b.build(case.qsl, case.qsl_cpu)  # the C build's constants exist after a first build
     fill = b._fill_for(False)
+    native_fill = b._native_fills.get((None, case.qsl.dtype))
     cu_ptr, idx_ptr, off_ptr = b._slot_ptrs[0]
     n = case.ref.num_seqs
     nt = case.ref.num_chunks
     qsl_ptr = case.qsl.data_ptr()
+    host = b._last_cpu_address
+    stream = torch.cuda.current_stream().cuda_stream
     parts = {
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
-        "plan (validation + sizes)": lambda: b._plan(case.qsl, case.qsl_cpu, 0, None),
-        "launch (direct launcher)": lambda: fill.launch(qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt, n, 0),
+        "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
+        "C build (plan + launch + host copy)": (
+            (lambda: b._native.build(native_fill, host, n + 1, False, 0, -1, qsl_ptr, 0, stream))
+            if native_fill else None),
+        "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
+                                                     n, 0),
+        "Python plan alone": lambda: b._plan(0, None),
         "ChunkMetadata(...)": lambda: chunkmeta.ChunkMetadata(case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt,
                                                              1, False, 1, b, 0),
         "empty python call": lambda: None,
     }
     out = {}
     for name, fn in parts.items():
+        if fn is None:
+            continue
         for _ in range(100):
             fn()
         out[name] = median(host_idle(fn, reps))

@@ -36,7 +36,7 @@ def main() -> int:
                                   block_rows=block_rows, num_warps=num_warps)
                 fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
                 ok = [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
-                args = (qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
+                args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
                         0, num_seqs, nt, num_seqs, 0)
                 us = median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)])
                 results.append((us, block_rows, num_warps, ok))

@@ -24,6 +24,7 @@ import importlib.util
 
 import torch
 
+from chunkmeta import native
 from chunkmeta import plan as _plan
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
@@ -97,9 +98,14 @@ class ChunkMetadataBuilder:
         self._last_cpu_array = None
         self._last_cpu_address = None
         self._last_cpu_len = -1
-        self._scratch = _plan.PlanScratch()
+        self._last_cpu_is64 = False
         self._last_dev = None
         self._last_dev_len = -1
+        # The C build (chunkmeta.native) per (pad, query_start_loc dtype), made after the first
+        # Triton launch of that layout compiled the kernel; False where it cannot be used.
+        self._native = native.cuda_launcher() if self.backend == "triton" and device.type == "cuda" else None
+        self._native_fills: dict[tuple, object] = {}
+        self._device_index = device.index if device.type == "cuda" else -1
 
     # -- public ---------------------------------------------------------------------------
 
@@ -116,8 +122,11 @@ class ChunkMetadataBuilder:
     def build(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
               num_seqs: int | None = None) -> ChunkMetadata:
         """FLA's exact layout for requests ``[first_seq, first_seq + num_seqs)`` of the batch."""
-        step = self._plan(query_start_loc, query_start_loc_cpu, first_seq, num_seqs)
-        return self._build(query_start_loc, step, None)
+        self._accept(query_start_loc, query_start_loc_cpu)
+        metadata = self._build_native(query_start_loc, first_seq, num_seqs, None)
+        if metadata is None:
+            metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), None)
+        return metadata
 
     def build_padded(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
                      num_seqs: int | None = None, pad: str = "tail") -> ChunkMetadata:
@@ -131,8 +140,11 @@ class ChunkMetadataBuilder:
         """
         if pad not in PADS:
             raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
-        step = self._plan(query_start_loc, query_start_loc_cpu, first_seq, num_seqs)
-        return self._build(query_start_loc, step, pad)
+        self._accept(query_start_loc, query_start_loc_cpu)
+        metadata = self._build_native(query_start_loc, first_seq, num_seqs, pad)
+        if metadata is None:
+            metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), pad)
+        return metadata
 
     def is_live(self, slot: int, generation: int) -> bool:
         return self._slot_generation[slot] == generation and generation > self._retired_through
@@ -152,19 +164,87 @@ class ChunkMetadataBuilder:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _plan(self, query_start_loc, query_start_loc_cpu, first_seq, num_seqs) -> _plan.StepPlan:
-        if query_start_loc_cpu is self._last_cpu and query_start_loc_cpu.shape[0] == self._last_cpu_len:
-            host, address = self._last_cpu_array, self._last_cpu_address
-        else:
+    def _accept(self, query_start_loc, query_start_loc_cpu) -> None:
+        """Check the input tensors (type, dtype, shape, device, contiguity): once per tensor
+        object, since engines pass the same persistent tensors step after step; fresh views
+        are checked in full. Raises ChunkMetaError; values are checked by the plan."""
+        if query_start_loc_cpu is not self._last_cpu or query_start_loc_cpu.shape[0] != self._last_cpu_len:
             host = _plan.host_array(query_start_loc_cpu)
-            address = _plan.host_address(host)
             self._last_cpu, self._last_cpu_array, self._last_cpu_len = query_start_loc_cpu, host, host.shape[0]
-            self._last_cpu_address = address
+            self._last_cpu_address = _plan.host_address(host)
+            self._last_cpu_is64 = host.dtype.itemsize == 8
         if (query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len
-                or host.shape[0] != self._last_dev_len):
-            _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
+                or self._last_cpu_len != self._last_dev_len):
+            self._last_dev = None  # until the new tensor passes
+            _plan.check_device_tensor(query_start_loc, self._last_cpu_len, self.device)
             self._last_dev, self._last_dev_len = query_start_loc, query_start_loc.shape[0]
-        return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity, self._scratch, address)
+
+    def _plan(self, first_seq, num_seqs) -> _plan.StepPlan:
+        return _plan.plan_step(self._last_cpu_array, first_seq, num_seqs, self.chunk_size, self.capacity,
+                               self._last_cpu_address)
+
+    def _build_native(self, query_start_loc, first_seq, num_seqs, pad) -> ChunkMetadata | None:
+        """The whole build in one C call (plan, checks, launch, host copy) on accepted tensors,
+        or None when the general path must run: a kernel not compiled yet, another current
+        device, any invalid input (re-planned there for the precise error) or a failed launch
+        (re-launched there through Triton, which raises)."""
+        if (
+            type(first_seq) is not int
+            or not (num_seqs is None or (type(num_seqs) is int and num_seqs >= 0))
+            or self._last_cpu_address is None
+        ):
+            return None
+        fill = self._native_fills.get((pad, query_start_loc.dtype))
+        if not fill or torch._C._cuda_getDevice() != self._device_index:
+            return None
+        generation = self._builds + 1
+        slot = generation % self.ring_depth
+        result = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64, first_seq,
+                                    -1 if num_seqs is None else num_seqs, query_start_loc.data_ptr(), slot,
+                                    torch._C._cuda_getCurrentRawStream(self._device_index))
+        if type(result) is int:
+            return None
+        n, num_tokens, num_chunks, max_seqlen = result
+        if pad is None:
+            key = (slot, n, num_chunks)
+        else:
+            key = (slot, self.padded_num_seqs[pad], self.capacity.rows)
+        views = self._views.get(key) or self._views_for(*key)
+        self._builds = generation
+        self._slot_generation[slot] = generation
+        return ChunkMetadata(views[0], views[3], views[1], views[2], self.chunk_size, n, num_tokens, num_chunks,
+                             max_seqlen, pad, generation, self, slot)
+
+    def _views_for(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
+        """Views of a ring slot sized to one build (cached: shapes repeat step after step)."""
+        if len(self._views) >= _VIEW_CACHE_LIMIT:
+            self._views.clear()
+        views = (
+            self._cu[slot, : seqs_out + 1],
+            self._indices[slot, :rows_out],
+            self._offsets[slot, : seqs_out + 1],
+            self._cu_cpu[slot, : seqs_out + 1],
+        )
+        self._views[(slot, seqs_out, rows_out)] = views
+        return views
+
+    def _make_native_fill(self, fill, pad, dtype) -> None:
+        """After the first Triton launch of a layout: the C build's constants, if it can launch it."""
+        shape = fill.plain_kernel(dtype)
+        made = None
+        if shape is not None:
+            function, num_warps, shared = shape
+            if pad is None:
+                seqs_out = rows_out = -1
+                pad_seq = 0
+            else:
+                seqs_out, rows_out = self.padded_num_seqs[pad], self.capacity.rows
+                pad_seq = -1 if pad == "negative" else self.capacity.seqs
+            slots = [ptrs + (self._cu_cpu[k].data_ptr(),) for k, ptrs in enumerate(self._slot_ptrs)]
+            made = self._native.make_fill(function, fill.block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
+                                          self.capacity.seqs, self.capacity.tokens, self.capacity.rows, seqs_out,
+                                          rows_out, pad_seq, self._params_ptr, slots)
+        self._native_fills[(pad, dtype)] = made or False
 
     def _fill_for(self, padded: bool):
         fill = self._fills.get(padded)
@@ -188,27 +268,20 @@ class ChunkMetadataBuilder:
             rows_out = self.capacity.rows
             pad_seq = -1 if pad == "negative" else self.capacity.seqs
 
-        views = self._views.get((slot, seqs_out, rows_out))
-        if views is None:
-            if len(self._views) >= _VIEW_CACHE_LIMIT:
-                self._views.clear()
-            views = (
-                self._cu[slot, : seqs_out + 1],
-                self._indices[slot, :rows_out],
-                self._offsets[slot, : seqs_out + 1],
-                self._cu_cpu[slot, : seqs_out + 1],
-            )
-            self._views[(slot, seqs_out, rows_out)] = views
-        cu, indices, offsets, cu_cpu = views
+        cu, indices, offsets, cu_cpu = self._views.get((slot, seqs_out, rows_out)) or self._views_for(
+            slot, seqs_out, rows_out)
 
         if n or pad is not None:
             if self.backend == "triton":
                 fill = self._fills.get(pad is not None) or self._fill_for(pad is not None)
                 cu_ptr, indices_ptr, offsets_ptr = self._slot_ptrs[slot]
-                if not fill.launch(query_start_loc.data_ptr(), self._params_ptr, cu_ptr, indices_ptr, offsets_ptr,
-                                   step.first_seq, n, rows_out, seqs_out, pad_seq):
+                dtype = query_start_loc.dtype
+                if not fill.launch(dtype, query_start_loc.data_ptr(), self._params_ptr, cu_ptr, indices_ptr,
+                                   offsets_ptr, step.first_seq, n, rows_out, seqs_out, pad_seq):
                     fill(query_start_loc, self._params, cu, indices, offsets, step.first_seq, n, rows_out,
                          seqs_out, pad_seq)
+                if self._native is not None and (pad, dtype) not in self._native_fills:
+                    self._make_native_fill(fill, pad, dtype)
             else:
                 fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
                            padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)

@@ -108,7 +108,7 @@ class GraphBuild:
                 f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
             )
         step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity,
-                               self.builder._scratch, _plan.host_address(host))
+                               _plan.host_address(host))
         # validated: from here on nothing fails on bad input
         slot = self._generation % self._staging_np.shape[0]
         block = slot // _EVENT_EVERY

@@ -125,13 +125,16 @@ class TritonFill:
     """Launches ``chunk_metadata_kernel`` for one fixed set of compile-time constants.
 
     A builder owns one per layout: its constants come from its capacity, so the kernel compiles
-    once per builder shape, never per step.
+    once per builder shape and ``query_start_loc`` dtype (the pointer type is part of the
+    compiled signature), never per step.
 
-    ``__call__`` launches through Triton's JIT with tensors (the first launch compiles); it then
-    keeps the compiled kernel, and ``launch`` (CUDA only) calls that kernel's launcher directly
-    with plain ints, skipping the JIT's per-call argument binding and cache lookup (tens of
-    microseconds of host time). Every scalar argument is excluded from specialization, so one
-    compiled kernel is valid for all values. ``CHUNKMETA_FAST_LAUNCH=0`` keeps the JIT path.
+    ``__call__`` launches through Triton's JIT with tensors (the first launch per dtype
+    compiles); it then keeps the compiled kernel, and ``launch`` (CUDA only) calls that kernel's
+    launcher directly with plain ints, skipping the JIT's per-call argument binding and cache
+    lookup (tens of microseconds of host time). Every scalar argument is excluded from
+    specialization, so one compiled kernel is valid for all values. ``CHUNKMETA_FAST_LAUNCH=0``
+    keeps the JIT path. ``plain_kernel`` hands the compiled kernel to ``chunkmeta.native``,
+    whose C build launches it with no Python in between.
     """
 
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
@@ -152,12 +155,13 @@ class TritonFill:
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1
-        self._launcher = None  # (kind, callable, fixed leading arguments) once compiled
+        self._kernels = {}  # query_start_loc dtype -> compiled kernel
+        self._launchers = {}  # query_start_loc dtype -> (callable, function, fixed leading arguments)
 
-    def launch(self, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int, chunk_offsets: int,
-               first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
+    def launch(self, dtype: torch.dtype, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int,
+               chunk_offsets: int, first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
         """Fast launch with data pointers as ints; False (nothing launched) if not available."""
-        launcher = self._launcher
+        launcher = self._launchers.get(dtype)
         if launcher is None or torch._C._cuda_getDevice() != self._device_index:
             return False
         call, function, fixed = launcher
@@ -170,7 +174,7 @@ class TritonFill:
                  chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, first_seq: int, num_seqs: int,
                  num_rows: int, seqs_out: int, pad_seq: int = 0) -> None:
         """Launch through the JIT with tensors (works everywhere, including the interpreter)."""
-        if self.launch(query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
+        if self.launch(query_start_loc.dtype, query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
                        chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
                        seqs_out, pad_seq):
             return
@@ -179,9 +183,34 @@ class TritonFill:
             query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
             seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
         )
-        if self._launcher is None and query_start_loc.is_cuda and _fast_launch_enabled():
-            self._launcher = _direct_launcher(kernel)
+        dtype = query_start_loc.dtype
+        if dtype not in self._kernels and query_start_loc.is_cuda and _fast_launch_enabled():
+            self._kernels[dtype] = kernel
+            launcher = _direct_launcher(kernel)
+            if launcher is not None:
+                self._launchers[dtype] = launcher
             self._device_index = query_start_loc.device.index
+
+    def plain_kernel(self, dtype: torch.dtype):
+        """``(function handle, num_warps, shared bytes)`` of the compiled kernel for ``dtype`` when
+        a plain ``cuLaunchKernel`` launches it as Triton would (one CTA per program, no
+        cooperative/PDL launch, no scratch buffers); else None."""
+        kernel = self._kernels.get(dtype)
+        if kernel is None:
+            return None
+        meta = kernel.metadata
+        run = getattr(kernel, "run", None)
+        plain = (
+            getattr(meta, "num_ctas", 1) == 1
+            and not getattr(meta, "launch_cooperative_grid", False)
+            and not getattr(meta, "launch_pdl", False)
+            and getattr(meta, "global_scratch_size", 0) == 0
+            and getattr(meta, "profile_scratch_size", 0) == 0
+            and getattr(run, "global_scratch_size", 0) == 0
+            and getattr(run, "profile_scratch_size", 0) == 0
+            and getattr(kernel, "function", None)
+        )
+        return (kernel.function, meta.num_warps, meta.shared) if plain else None
 
 
 def _direct_launcher(kernel):

@@ -53,15 +53,6 @@ class StepPlan(NamedTuple):
     segment: np.ndarray  # host query_start_loc[first_seq : first_seq + num_seqs + 1], not rebased
 
 
-class PlanScratch:
-    """Per-builder state of the host plan: the compiled helper (or None) and its output buffer."""
-
-    def __init__(self):
-        self.native = native.functions()
-        self.out = np.zeros(2, dtype=np.int64)
-        self.out_address = self.out.__array_interface__["data"][0]
-
-
 def host_address(host: np.ndarray) -> int | None:
     """The data address of a contiguous host array (for the compiled plan), else None."""
     if host.strides[0] != host.itemsize:
@@ -176,11 +167,12 @@ def check_device_tensor(query_start_loc, host_len: int, device: torch.device | N
 
 
 def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size: int,
-              capacity: Capacity, scratch: PlanScratch | None = None, address: int | None = None) -> StepPlan:
+              capacity: Capacity, address: int | None = None) -> StepPlan:
     """Sizes of one build; raises ChunkMetaError (via diagnose_step) on any bad input.
 
-    With ``scratch`` (and ``address``, the host array's data address from ``host_address``) the
-    per-sequence pass runs in the compiled helper; otherwise in Python (small batches) or numpy.
+    With ``address`` (the host array's data address, from ``host_address``) the per-sequence
+    pass of a large batch runs in the compiled helper when it is available; otherwise in Python
+    (small batches) or numpy.
     """
     num_requests = host.shape[0] - 1
     if type(first_seq) is not int:
@@ -202,11 +194,13 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
     if start < 0 or not 0 <= num_tokens <= capacity.tokens:
         diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
     shift = chunk_size.bit_length() - 1
-    if num_seqs > _SMALL_BATCH and scratch is not None and scratch.native is not None and address is not None:
+    compiled = native.module() if num_seqs > _SMALL_BATCH and address is not None else None
+    if compiled is not None:
         # int64 arithmetic in C: exact lengths, no wrap-around to reason about
-        if scratch.native[host.dtype.name](address + first_seq * host.itemsize, num_seqs, shift, scratch.out_address):
+        bad, num_chunks, max_seqlen = compiled.plan(address + first_seq * host.itemsize, num_seqs,
+                                                    host.itemsize == 8, shift)
+        if bad:
             diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
-        num_chunks, max_seqlen = scratch.out.tolist()
     elif num_seqs <= _SMALL_BATCH:
         num_chunks = 0
         max_seqlen = 0

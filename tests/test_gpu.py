@@ -112,7 +112,7 @@ def test_one_launch_and_no_copies_per_build():
     kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
     assert len(kernels) == 1 and "chunk_metadata_kernel" in kernels[0], kernels
     assert copies == [], copies
-    assert builder._fills[False]._launcher is not None  # the direct launcher is in use
+    assert builder._native_fills.get((None, torch.int32)), "the C build (chunkmeta.native) is not in use"
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
     kernels, copies = _cuda_activity(lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq,
@@ -215,3 +215,52 @@ def test_padded_eager_layout_on_cuda():
             with no_sync():
                 md = builder.build_padded(*inputs, first_seq=b.first_seq, num_seqs=b.num_seqs, pad=pad)
             assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)
+
+
+def test_c_build_engine_pattern_all_layouts_both_dtypes():
+    """The engine's pattern: persistent pinned + device buffers refreshed in place each step and
+    passed as fresh prefix views; exact and both padded layouts; int32 and int64 buffers on one
+    builder (the kernel is compiled per pointer dtype). Every build goes through the C build
+    after the first of each (layout, dtype), with no sync inside a step; results cloned on the
+    device and checked against the reference at the end."""
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda")
+    batches = random_batches(600, 64, 32768, seed=31)
+    layouts = [None, "tail", "negative"]
+    buffers = {dtype: (torch.zeros(130, dtype=dtype, pin_memory=True), torch.zeros(130, dtype=dtype, device="cuda"))
+               for dtype in (torch.int32, torch.int64)}
+    for dtype, (pinned, device) in buffers.items():  # compile every (layout, dtype) outside the check
+        for pad in layouts:
+            b = batches[0]
+            pinned[: len(b.query_start_loc)] = torch.tensor(b.query_start_loc, dtype=dtype)
+            device.copy_(pinned)
+            args = (device[: len(b.query_start_loc)], pinned[: len(b.query_start_loc)])
+            builder.build(*args) if pad is None else builder.build_padded(*args, pad=pad)
+    assert all(builder._native_fills.get((pad, dtype)) for pad in layouts for dtype in buffers)
+    kept = []
+    for k, b in enumerate(batches):
+        dtype = (torch.int32, torch.int64)[k % 2]
+        pad = layouts[k % 3]
+        pinned, device = buffers[dtype]
+        r1 = len(b.query_start_loc)
+        # no_sync() begins with a device-wide wait: the engine's end-of-step wait, after which the
+        # pinned buffer may be rewritten (the previous step's copy has run)
+        with no_sync():
+            pinned[:r1] = torch.tensor(b.query_start_loc, dtype=dtype)
+            device[:r1].copy_(pinned[:r1], non_blocking=True)
+            args = (device[:r1], pinned[:r1])
+            kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
+            md = builder.build(*args, **kw) if pad is None else builder.build_padded(*args, pad=pad, **kw)
+            kept.append((md.cu_seqlens.clone(), md.chunk_indices.clone(), md.chunk_offsets.clone(),
+                         md.cu_seqlens_cpu.clone(), (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen)))
+    for k, (b, (cu, indices, offsets, cu_cpu, counts)) in enumerate(zip(batches, kept)):
+        pad = layouts[k % 3]
+        if pad is None:
+            ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
+        else:
+            ref = reference.padded_chunk_metadata(b.query_start_loc, 64, builder.padded_num_seqs[pad],
+                                                  builder.capacity.rows, -1 if pad == "negative" else 64,
+                                                  b.first_seq, b.num_seqs)
+        assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices, k
+        assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens, k
+        assert cu_cpu.tolist() == ref.cu_seqlens, k
+        assert counts[:3] == (ref.num_seqs, ref.num_tokens, ref.num_chunks), k

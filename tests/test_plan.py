@@ -10,9 +10,9 @@ from chunkmeta import ChunkMetaError, native, plan, reference
 CAP = plan.capacity_for(4096, 1 << 20, 64)
 
 
-def outcome(host, first_seq, num_seqs, scratch, address):
+def outcome(host, first_seq, num_seqs, address):
     try:
-        step = plan.plan_step(host, first_seq, num_seqs, 64, CAP, scratch, address)
+        step = plan.plan_step(host, first_seq, num_seqs, 64, CAP, address)
         return step._replace(segment=step.segment.tolist())
     except ChunkMetaError as exc:
         return str(exc)
@@ -29,13 +29,12 @@ def test_paths_agree(lengths, start, dtype, data):
     host = np.array([start] + [start + int(v) for v in np.cumsum(lengths)], dtype=dtype)
     first_seq = data.draw(st.integers(0, len(lengths)))
     num_seqs = data.draw(st.one_of(st.none(), st.integers(0, len(lengths) - first_seq)))
-    scratch = plan.PlanScratch()
-    results = [outcome(host, first_seq, num_seqs, None, None)]  # Python loop or numpy, by size
+    results = [outcome(host, first_seq, num_seqs, None)]  # Python loop or numpy, by size
     small = plan._SMALL_BATCH
     try:
         plan._SMALL_BATCH = -1  # every size takes the compiled helper, then numpy
-        results.append(outcome(host, first_seq, num_seqs, scratch, plan.host_address(host)))
-        results.append(outcome(host, first_seq, num_seqs, None, None))
+        results.append(outcome(host, first_seq, num_seqs, plan.host_address(host)))
+        results.append(outcome(host, first_seq, num_seqs, None))
     finally:
         plan._SMALL_BATCH = small
     assert results[0] == results[1] == results[2]
@@ -47,21 +46,21 @@ def test_paths_agree(lengths, start, dtype, data):
 
 def test_compiled_helper_is_built_here():
     """CI and dev machines have a C compiler (Triton needs one too): the helper must load."""
-    assert native.functions() is not None
+    assert native.module() is not None
 
 
 def test_non_contiguous_host_arrays_use_numpy():
     host = np.arange(0, 40, 2, dtype=np.int32)[::2]
     assert plan.host_address(host) is None
-    step = plan.plan_step(host, 0, None, 64, CAP, plan.PlanScratch(), None)
+    step = plan.plan_step(host, 0, None, 64, CAP, None)
     assert step.num_tokens == 36
 
 
 def test_native_off_switch(monkeypatch, tmp_path):
     monkeypatch.setenv("CHUNKMETA_NATIVE", "0")
-    monkeypatch.setattr(native, "_functions", native._NOT_LOADED)
-    assert native.functions() is None
+    monkeypatch.setattr(native, "_module", native._NOT_LOADED)
+    assert native.module() is None
     monkeypatch.setenv("CHUNKMETA_NATIVE", "1")
     monkeypatch.setenv("CHUNKMETA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(native, "_functions", native._NOT_LOADED)
-    assert native.functions() is not None and list(tmp_path.glob("plan-*.so"))
+    monkeypatch.setattr(native, "_module", native._NOT_LOADED)
+    assert native.module() is not None and list(tmp_path.glob("chunkmeta_native_*"))

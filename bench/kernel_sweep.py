@@ -18,6 +18,15 @@ from chunkmeta.workloads import workload
 CASES = [(1, 4096, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
 
 
+def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
+    """(device µs per launch, exact?) for one configuration; ref None skips the check."""
+    fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
+    ok = ref is None or [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
+    args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
+            0, num_seqs, nt, num_seqs, 0)
+    return median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)]), ok
+
+
 def main() -> int:
     print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first")
     for num_seqs, num_tokens, capacity in CASES:
@@ -30,22 +39,26 @@ def main() -> int:
         indices = torch.zeros(nt + 8, 2, dtype=torch.int32, device="cuda")
         params = torch.zeros(2, dtype=torch.int32, device="cuda")
         results = []
-        for block_rows in (256, 512, 1024, 2048, 4096):
-            for num_warps in (2, 4, 8, 16):
-                fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                                  block_rows=block_rows, num_warps=num_warps)
-                fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
-                ok = [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
-                args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
-                        0, num_seqs, nt, num_seqs, 0)
-                us = median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)])
-                results.append((us, block_rows, num_warps, ok))
-        results.sort()
+        for block_rows in (64, 128, 256, 512, 1024):
+            for num_warps in (4, 8):
+                for window in ((0, block_rows) if block_rows <= 256 else (0,)):
+                    fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                                      block_rows=block_rows, num_warps=num_warps, window=window)
+                    results.append((time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref),
+                                    block_rows, num_warps, window))
+        # where the time goes: the default launch without its row search (its rows are wrong)
         default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
-        chosen = [us for us, br, nw, ok in results if (br, nw) == (default.block_rows, default.num_warps)]
+        no_search = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                               block_rows=default.block_rows, num_warps=default.num_warps, window=0)
+        no_search.constexprs["LOG2_BLOCK_SEQS"] = 0
+        no_search._constexpr_values = tuple(no_search.constexprs.values())
+        diag = time_fill(no_search, qsl, params, cu, indices, offsets, num_seqs, nt, None)[0]
+        results.sort()
+        chosen = time_fill(default, qsl, params, cu, indices, offsets, num_seqs, nt, ref)
         print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
-              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps} {chosen[0]:.2f} | "
-              + "  ".join(f"{br}/{nw}:{us:.2f}{'' if ok else ' WRONG'}" for us, br, nw, ok in results[:6]))
+              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps}/window={default.constexprs['WINDOW']} "
+              f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {diag:.2f}) | "
+              + "  ".join(f"{br}/{nw}/w{win}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), br, nw, win in results[:8]))
     return 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the GPU stages on a CUDA machine, logs and results under $OUT (default ./gpu_out).
-#   bash bench/run_gpu.sh tests bench steploop stress demo
+#   bash bench/run_gpu.sh tests bench steploop stress demo     (TESTS_K=expr: pytest -k for tests)
 # Uses the machine's python3 (torch, triton, pytest, pytest-benchmark); fla-core comes from
 # .whl/ when present (a machine with no package index), else it must be installed.
 set -uo pipefail
@@ -25,7 +25,8 @@ status=0
 for stage in "$@"; do
   echo "=== $stage ==="
   case $stage in
-    tests) python3 -m pytest -m gpu -q -p no:cacheprovider tests bench 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 ${TESTS_K:+-k "$TESTS_K"} tests bench 2>&1 \
+        | tee "$OUT/gpu_tests.log" | tail -40 ;;
     benchmarks) python3 -m pytest -q -p no:cacheprovider bench/bench_build.py -m "not gpu or gpu" --benchmark-enable \
         --benchmark-columns=min,median,iqr,rounds --benchmark-json="$OUT/pytest_benchmark.json" 2>&1 \
         | tee "$OUT/pytest_benchmark.log" | tail -40 ;;

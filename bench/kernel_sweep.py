@@ -41,24 +41,23 @@ def main() -> int:
         results = []
         for block_rows in (64, 128, 256, 512, 1024):
             for num_warps in (4, 8):
-                for window in ((0, block_rows) if block_rows <= 256 else (0,)):
-                    fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                                      block_rows=block_rows, num_warps=num_warps, window=window)
-                    results.append((time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref),
-                                    block_rows, num_warps, window))
+                fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                                  block_rows=block_rows, num_warps=num_warps)
+                results.append((time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref),
+                                block_rows, num_warps))
         # where the time goes: the default launch without its row search (its rows are wrong)
         default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
         no_search = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                               block_rows=default.block_rows, num_warps=default.num_warps, window=0)
+                               block_rows=default.block_rows, num_warps=default.num_warps)
         no_search.constexprs["LOG2_BLOCK_SEQS"] = 0
         no_search._constexpr_values = tuple(no_search.constexprs.values())
         diag = time_fill(no_search, qsl, params, cu, indices, offsets, num_seqs, nt, None)[0]
         results.sort()
         chosen = time_fill(default, qsl, params, cu, indices, offsets, num_seqs, nt, ref)
         print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
-              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps}/window={default.constexprs['WINDOW']} "
+              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps} "
               f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {diag:.2f}) | "
-              + "  ".join(f"{br}/{nw}/w{win}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), br, nw, win in results[:8]))
+              + "  ".join(f"{br}/{nw}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), br, nw in results[:8]))
     return 0
 
 

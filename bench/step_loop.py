@@ -37,8 +37,10 @@ Reported per load and method:
 * ms per step (median of ``--steps``), tokens/s, the speed-up over ``fla`` (ratio of medians),
   and whether the step's output is bit-identical to ``fla``'s (``torch.equal``);
 
-and, from a torch profiler trace (CPU and CUDA activities) of 5 more steps per method, each step
-a ``record_function`` range that ends *before* the end-of-step wait (medians over those steps):
+and, from torch profiler traces of 5 more steps per method (medians over those steps): a trace
+with CPU and CUDA activities, each step a ``record_function`` range that ends *before* the
+end-of-step wait (DtoH copies, host blocked), and a CUDA-only trace, in which the host runs at
+nearly its own pace (sync gap, GPU idle; steps told apart by the end-of-step waits):
 
 * DtoH copies/step: device-to-host memcpys on the GPU timeline (the end-of-step wait is no
   copy; ``fla``'s metadata derivation shows as DtoH memcpys: 2 per step on torch 2.11);
@@ -54,9 +56,8 @@ a ``record_function`` range that ends *before* the end-of-step wait (medians ove
   waited for the host to launch the next kernel: eager FLA is host-bound at light load (~15
   Python-heavy launches per layer), so this figure is large there with or without a sync.
 
-The profiler slows the host (every op is recorded), so profiled steps of the host-bound eager
-methods last longer than their ms/step, and their GPU idle time can exceed it: compare the
-profiler columns between methods, not with ms/step.
+Recording CPU activity slows the host (every op is recorded), which is why the GPU-timeline
+columns come from the CUDA-only pass.
 """
 
 from __future__ import annotations
@@ -259,19 +260,17 @@ def idle_after(t: float, gpu: list[Span]) -> float:
 
 
 def step_metrics(gpu: list[Span], host: list[Span]) -> dict:
-    """One step's DtoH copies, sync gap, host blocked time and GPU idle time (see the docstring)."""
+    """One step's DtoH copies and host blocked time (see the docstring)."""
     dtoh = [g for g in gpu if "dtoh" in g.name.lower()]
     waits = [h for h in host if "synchronize" in h.name.lower()
              or any(h.start < d.end and d.start < h.end for d in dtoh)]
-    span = max(g.end for g in gpu) - min(g.start for g in gpu) if gpu else math.nan
-    return {"dtoh_copies_per_step": len(dtoh), "sync_gap_us": sum((idle_after(d.end, gpu) for d in dtoh), 0.0),
-            "host_blocked_us": covered_us(waits), "gpu_idle_us": span - covered_us(gpu)}
+    return {"dtoh_copies_per_step": len(dtoh), "host_blocked_us": covered_us(waits)}
 
 
 def trace_metrics(steps: list[Span], gpu: list[Span], host: list[Span]) -> dict:
     """Medians over the profiled steps of ``step_metrics`` (NaN if the trace has no steps)."""
     per_step = [step_metrics(g, h) for g, h in split_steps(steps, gpu, host)]
-    keys = ("dtoh_copies_per_step", "sync_gap_us", "host_blocked_us", "gpu_idle_us")
+    keys = ("dtoh_copies_per_step", "host_blocked_us")
     return {key: median(m[key] for m in per_step) if per_step else math.nan for key in keys}
 
 
@@ -302,8 +301,27 @@ def time_steps(engine: Engine, methods, steps: int) -> dict:
     return times
 
 
+def gpu_timeline_metrics(gpu: list[Span], steps: int) -> dict:
+    """Sync gap and GPU idle per step from a CUDA-only trace of ``steps`` steps (medians).
+
+    Without CPU activity the profiler barely slows the host, so these gaps are the loop's own.
+    The trace has no step ranges then: steps are told apart by the end-of-step waits, the
+    trace's ``steps - 1`` longest gaps between GPU activities."""
+    if not gpu:
+        return {"sync_gap_us": math.nan, "gpu_idle_us": math.nan}
+    gaps = sorted(((gpu[i + 1].start - max(g.end for g in gpu[: i + 1]), i) for i in range(len(gpu) - 1)),
+                  reverse=True)
+    cuts = sorted(i + 1 for _, i in gaps[: steps - 1])
+    per_step = [gpu[a:b] for a, b in zip([0] + cuts, cuts + [len(gpu)])]
+    idle = [max(g.end for g in chunk) - chunk[0].start - covered_us(chunk) for chunk in per_step]
+    sync_gap = [sum(idle_after(g.end, chunk) for g in chunk if "dtoh" in g.name.lower()) for chunk in per_step]
+    return {"sync_gap_us": median(sync_gap), "gpu_idle_us": median(idle)}
+
+
 def profile_method(engine: Engine, method: str) -> dict:
-    """``trace_metrics`` of ``PROFILED_STEPS`` steps of one method."""
+    """Trace metrics of ``PROFILED_STEPS`` steps of one method, from two profiled passes: CPU and
+    CUDA activities (step ranges, DtoH copies, host calls that wait), then CUDA only (the GPU
+    timeline at the loop's own pace: sync gap, GPU idle)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     stream = torch.cuda.current_stream()
@@ -312,7 +330,15 @@ def profile_method(engine: Engine, method: str) -> dict:
             with record_function(STEP_LABEL):
                 engine.step(method)
             stream.synchronize()  # outside the range: the end-of-step wait is not the method's
-    return trace_metrics(*trace_spans(prof.events(), torch.autograd.DeviceType.CUDA))
+    metrics = trace_metrics(*trace_spans(prof.events(), torch.autograd.DeviceType.CUDA))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_STEPS):
+            engine.step(method)
+            stream.synchronize()
+    gpu = sorted((Span(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda g: g.start)
+    metrics.update(gpu_timeline_metrics(gpu, PROFILED_STEPS))
+    return metrics
 
 
 def run_load(name: str, num_seqs: int, num_tokens: int, layers: int, steps: int) -> dict:

@@ -18,26 +18,8 @@ import triton
 import triton.language as tl
 
 
-# The window count compares every row of a block with every sequence of its window
-# ([BLOCK_ROWS, WINDOW] in registers): past 256 x 256 that costs more than the search it saves.
-_MAX_WINDOW = 256
-
-
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-@triton.jit
-def _binary_search(keys, rows, BLOCK_ROWS: tl.constexpr, BLOCK_SEQS: tl.constexpr, LOG2_BLOCK_SEQS: tl.constexpr):
-    """Each row's sequence (the number of sequences whose chunks end at or before it) by binary
-    lifting over the sorted chunk ends ``keys``, and the row's chunk within that sequence."""
-    seq = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
-    for k in tl.static_range(LOG2_BLOCK_SEQS):
-        step = BLOCK_SEQS >> (k + 1)
-        probe = tl.gather(keys, seq + (step - 1), 0)
-        seq = tl.where(probe <= rows, seq + step, seq)
-    seq_start = tl.gather(keys, tl.maximum(seq - 1, 0), 0)
-    return seq, rows - tl.where(seq > 0, seq_start, 0)
 
 
 @triton.jit(
@@ -61,7 +43,6 @@ def chunk_metadata_kernel(
     BLOCK_ROWS: tl.constexpr,
     PADDED: tl.constexpr,
     PARAMS_ON_DEVICE: tl.constexpr,
-    WINDOW: tl.constexpr = 0,
 ):
     """Chunk metadata of ``query_start_loc[first_seq : first_seq + num_seqs + 1]``.
 
@@ -110,31 +91,13 @@ def chunk_metadata_kernel(
 
     rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     keys = tl.where(real_seq, chunk_ends, 2147483647)
-    if WINDOW > 0:
-        # The sequences that can own this block's rows start at lo, the first one whose chunks
-        # end after the block's first row. Without zero-length sequences a block of R rows
-        # overlaps at most R of them, so a window of WINDOW >= BLOCK_ROWS sequences (re-read
-        # from query_start_loc, rescanned) holds every row's owner: one compare-and-count over
-        # [rows, window] replaces LOG2_BLOCK_SEQS gather rounds over all sequences. A block the
-        # window does not cover (zero-length sequences inside it) takes the binary search.
-        first_row = pid * BLOCK_ROWS
-        lo = tl.sum((keys <= first_row).to(tl.int32), 0)
-        lo_chunks = tl.sum(tl.where(seqs < lo, seq_chunks, 0), 0)  # chunk_offsets[lo]
-        w = tl.arange(0, WINDOW)
-        in_window = lo + w < num_seqs
-        w_ends = tl.load(qsl + 1 + lo + w, mask=in_window, other=0)
-        w_starts = tl.load(qsl + lo + w, mask=in_window, other=0)
-        w_chunks = ((w_ends - w_starts + ((1 << CHUNK_SHIFT) - 1)) >> CHUNK_SHIFT).to(tl.int32)
-        w_keys = tl.where(in_window, lo_chunks + tl.cumsum(w_chunks, 0), 2147483647)
-        last_row = tl.minimum(first_row + BLOCK_ROWS, num_chunks) - 1
-        if (lo + WINDOW >= num_seqs) | (tl.max(w_keys, 0) > last_row):
-            ends_at_or_before = w_keys[None, :] <= rows[:, None]
-            seq = lo + tl.sum(ends_at_or_before.to(tl.int32), 1)
-            chunk = rows - tl.max(tl.where(ends_at_or_before, w_keys[None, :], lo_chunks), 1)
-        else:
-            seq, chunk = _binary_search(keys, rows, BLOCK_ROWS, BLOCK_SEQS, LOG2_BLOCK_SEQS)
-    else:
-        seq, chunk = _binary_search(keys, rows, BLOCK_ROWS, BLOCK_SEQS, LOG2_BLOCK_SEQS)
+    seq = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+    for k in tl.static_range(LOG2_BLOCK_SEQS):
+        step = BLOCK_SEQS >> (k + 1)
+        probe = tl.gather(keys, seq + (step - 1), 0)
+        seq = tl.where(probe <= rows, seq + step, seq)
+    seq_start = tl.gather(keys, tl.maximum(seq - 1, 0), 0)
+    chunk = rows - tl.where(seq > 0, seq_start, 0)
     if PADDED:
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
@@ -175,12 +138,12 @@ class TritonFill:
     """
 
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
-                 block_rows: int | None = None, num_warps: int | None = None, window: int | None = None):
+                 block_rows: int | None = None, num_warps: int | None = None):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweep): 256-row programs are fastest up
-        # to 1024 sequences, 1024-row programs with 8 warps at 4096; block_seqs / 4 keeps the
-        # redundant per-program scans within 4x the row work.
-        self.block_rows = block_rows or max(256, self.block_seqs // 4)
+        # to 1024 sequences (64-256 rows within 0.1 µs), 512-row programs with 8 warps at 4096;
+        # block_seqs / 8 keeps the redundant per-program scans within 8x the row work.
+        self.block_rows = block_rows or max(256, self.block_seqs // 8)
         self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8)
         self.constexprs = dict(
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
@@ -189,7 +152,6 @@ class TritonFill:
             BLOCK_ROWS=self.block_rows,
             PADDED=padded,
             PARAMS_ON_DEVICE=params_on_device,
-            WINDOW=(self.block_rows if self.block_rows <= _MAX_WINDOW else 0) if window is None else window,
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1

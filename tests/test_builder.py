@@ -166,25 +166,3 @@ def test_same_host_tensor_mutated_between_steps():
         md = builder.build(qsl, qsl_cpu)
         assert_exact(md, batch, 64)
 
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), window=st.sampled_from([0, 16, 32]))
-def test_kernel_window_and_binary_search_agree(data, window):
-    """The kernel's two ways to find a row's sequence (a window count, or the binary search for
-    blocks the window does not cover: zero-length sequences) on 16-row blocks, against the
-    reference; the last two batches force each way on purpose."""
-    from chunkmeta.kernels import TritonFill
-
-    fill = TritonFill(chunk_size=64, block_seqs=64, padded=False, params_on_device=False, block_rows=16,
-                      window=window)
-    fixed = [from_lengths([64] * 40), from_lengths([64] * 5 + [0] * 30 + [130] * 20)]
-    for batch in [data.draw(batches(64)) for _ in range(2)] + fixed:
-        qsl, qsl_cpu = tensors_for(batch)
-        ref = chunkmeta.reference.chunk_metadata(batch.query_start_loc, 64, batch.first_seq, batch.num_seqs)
-        cu = torch.zeros(ref.num_seqs + 2, dtype=torch.int32)
-        offsets = torch.zeros(ref.num_seqs + 2, dtype=torch.int64)
-        indices = torch.zeros(ref.num_chunks + 2, 2, dtype=torch.int32)
-        fill(qsl, torch.zeros(2, dtype=torch.int32), cu, indices, offsets, batch.first_seq, ref.num_seqs,
-             ref.num_chunks, ref.num_seqs)
-        assert [tuple(r) for r in indices[: ref.num_chunks].tolist()] == ref.chunk_indices
-        assert offsets[: ref.num_seqs + 1].tolist() == ref.chunk_offsets

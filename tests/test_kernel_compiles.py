@@ -24,14 +24,14 @@ from chunkmeta.kernels import TritonFill, chunk_metadata_kernel
 signature = {"query_start_loc": "*i32", "step_params": "*i32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
              "chunk_offsets": "*i64", "first_seq": "i32", "num_seqs": "i32", "num_rows": "i32", "seqs_out": "i32",
              "pad_seq": "i32"}
-# capacities: the row window on (blocks <= 256 rows) and off; every layout the launchers use
+# capacities giving each block shape the launchers choose, in every layout they use
 for capacity in (64, 1024, 4096):
     for padded, params_on_device in ((False, False), (True, False), (True, True)):
         fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=padded, params_on_device=params_on_device)
         full = dict(signature, **{name: "constexpr" for name in fill.constexprs})
         kernel = triton.compile(ASTSource(chunk_metadata_kernel, full, dict(fill.constexprs)),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": fill.num_warps})
-        print("compiled", capacity, padded, params_on_device, fill.constexprs["WINDOW"], kernel.metadata.num_warps)
+        print("compiled", capacity, padded, params_on_device, fill.block_rows, kernel.metadata.num_warps)
 """
 
 

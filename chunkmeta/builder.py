@@ -31,6 +31,7 @@ from chunkmeta.metadata import ChunkMetadata
 from chunkmeta.torch_fill import fill_torch
 
 BACKENDS = ("auto", "triton", "torch")
+_INT_DTYPES = (torch.int32, torch.int64)
 PADS = ("tail", "negative")
 _VIEW_CACHE_LIMIT = 4096
 
@@ -165,21 +166,37 @@ class ChunkMetadataBuilder:
     # -- internals ------------------------------------------------------------------------
 
     def _accept(self, query_start_loc, query_start_loc_cpu) -> None:
-        """Check the input tensors (type, dtype, shape, device, contiguity): once per tensor
-        object, since engines pass the same persistent tensors step after step; fresh views
-        are checked in full. Raises ChunkMetaError; values are checked by the plan."""
-        if query_start_loc_cpu is not self._last_cpu or query_start_loc_cpu.shape[0] != self._last_cpu_len:
-            host = _plan.host_array(query_start_loc_cpu)
-            self._last_cpu, self._last_cpu_array, self._last_cpu_len = query_start_loc_cpu, host, host.shape[0]
-            self._last_cpu_address = _plan.host_address(host)
-            self._last_cpu_is64 = host.dtype.itemsize == 8
-        if (query_start_loc is not self._last_dev or query_start_loc.shape[0] != self._last_dev_len
-                or self._last_cpu_len != self._last_dev_len):
+        """Check the input tensors (type, dtype, shape, device, contiguity) and cache what the
+        plan needs. Engines pass either the same tensors every step (checked once, then by
+        identity) or fresh prefix views of persistent buffers (checked here with a few tensor
+        attributes; the numpy view the Python plan needs is made only if it runs). Anything
+        else takes the full checks, which raise ChunkMetaError. Values are checked by the plan."""
+        host = query_start_loc_cpu
+        if host is not self._last_cpu or host.shape[0] != self._last_cpu_len:
+            if (type(host) is torch.Tensor and host.is_cpu and host.layout is torch.strided
+                    and host.dtype in _INT_DTYPES and host.dim() == 1 and host.shape[0] >= 1 and host.stride(0) == 1):
+                self._last_cpu_array = None
+                self._last_cpu_address = host.data_ptr()
+                self._last_cpu_len = host.shape[0]
+                self._last_cpu_is64 = host.dtype is torch.int64
+            else:
+                array = _plan.host_array(host)
+                self._last_cpu_array, self._last_cpu_len = array, array.shape[0]
+                self._last_cpu_address = _plan.host_address(array)
+                self._last_cpu_is64 = array.dtype.itemsize == 8
+            self._last_cpu = host
+        device = query_start_loc
+        if device is not self._last_dev or device.shape[0] != self._last_dev_len or self._last_cpu_len != self._last_dev_len:
             self._last_dev = None  # until the new tensor passes
-            _plan.check_device_tensor(query_start_loc, self._last_cpu_len, self.device)
-            self._last_dev, self._last_dev_len = query_start_loc, query_start_loc.shape[0]
+            if not (type(device) is torch.Tensor and device.is_cuda and device.get_device() == self._device_index
+                    and device.layout is torch.strided and device.dtype in _INT_DTYPES and device.dim() == 1
+                    and device.shape[0] == self._last_cpu_len and device.stride(0) == 1):
+                _plan.check_device_tensor(device, self._last_cpu_len, self.device)
+            self._last_dev, self._last_dev_len = device, device.shape[0]
 
     def _plan(self, first_seq, num_seqs) -> _plan.StepPlan:
+        if self._last_cpu_array is None:  # a tensor accepted without its numpy view
+            self._last_cpu_array = _plan.host_array(self._last_cpu)
         return _plan.plan_step(self._last_cpu_array, first_seq, num_seqs, self.chunk_size, self.capacity,
                                self._last_cpu_address)
 

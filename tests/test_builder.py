@@ -166,3 +166,25 @@ def test_same_host_tensor_mutated_between_steps():
         md = builder.build(qsl, qsl_cpu)
         assert_exact(md, batch, 64)
 
+
+
+def test_fresh_views_of_persistent_buffers_each_step():
+    """Engines slice their persistent buffers every step: prefix views (accepted from tensor
+    attributes, no numpy view unless the Python plan runs), and a strided host view (numpy)."""
+    builder = ChunkMetadataBuilder(64, 64 * 700, device="cpu", backend="triton")
+    host_buffer = torch.zeros(2 * 130, dtype=torch.int32)
+    device_buffer = torch.zeros(130, dtype=torch.int32)
+    rng = np.random.default_rng(7)
+    for step in range(12):
+        batch = random_decode_first(rng, 64, 64 * 600)
+        r1 = len(batch.query_start_loc)
+        values = torch.tensor(batch.query_start_loc, dtype=torch.int32)
+        device_buffer[:r1] = values
+        if step % 3 == 2:  # every other element of a larger buffer: not contiguous
+            host_buffer[: 2 * r1: 2] = values
+            host = host_buffer[: 2 * r1: 2]
+        else:
+            host_buffer[:r1] = values
+            host = host_buffer[:r1]
+        md = builder.build(device_buffer[:r1], host, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        assert_exact(md, batch, 64)

@@ -40,7 +40,7 @@ Reported per load and method:
 and, from torch profiler traces of 5 more steps per method (medians over those steps): a trace
 with CPU and CUDA activities, each step a ``record_function`` range that ends *before* the
 end-of-step wait (DtoH copies, host blocked), and a CUDA-only trace, in which the host runs at
-nearly its own pace (sync gap, GPU idle; steps told apart by the end-of-step waits):
+nearly its own pace (sync gap, GPU idle; each step starts at the scheduler's HtoD copy):
 
 * DtoH copies/step: device-to-host memcpys on the GPU timeline (the end-of-step wait is no
   copy; ``fla``'s metadata derivation shows as DtoH memcpys: 2 per step on torch 2.11);
@@ -301,18 +301,27 @@ def time_steps(engine: Engine, methods, steps: int) -> dict:
     return times
 
 
+def split_at_step_copies(gpu: list[Span], steps: int) -> list[list[Span]]:
+    """A CUDA-only trace of ``steps`` steps, cut into steps. Every step begins with the
+    scheduler's host-to-device copy of ``query_start_loc`` and issues the same copies each time,
+    so with k HtoD copies per step, step i starts at the (i*k)-th. (Gaps cannot tell steps apart:
+    eager FLA leaves the GPU idle longer between its own launches than across a step boundary.)
+    Empty if the copies do not divide evenly into the steps."""
+    htod = [g for g in gpu if "htod" in g.name.lower()]
+    if not htod or len(htod) % steps:
+        return []
+    k = len(htod) // steps
+    starts = [htod[i * k].start for i in range(steps)] + [math.inf]
+    return [[g for g in gpu if a <= g.start < b] for a, b in zip(starts, starts[1:])]
+
+
 def gpu_timeline_metrics(gpu: list[Span], steps: int) -> dict:
     """Sync gap and GPU idle per step from a CUDA-only trace of ``steps`` steps (medians).
 
-    Without CPU activity the profiler barely slows the host, so these gaps are the loop's own.
-    The trace has no step ranges then: steps are told apart by the end-of-step waits, the
-    trace's ``steps - 1`` longest gaps between GPU activities."""
-    if not gpu:
+    Without CPU activity the profiler barely slows the host, so these gaps are the loop's own."""
+    per_step = [chunk for chunk in split_at_step_copies(gpu, steps) if chunk]
+    if not per_step:
         return {"sync_gap_us": math.nan, "gpu_idle_us": math.nan}
-    gaps = sorted(((gpu[i + 1].start - max(g.end for g in gpu[: i + 1]), i) for i in range(len(gpu) - 1)),
-                  reverse=True)
-    cuts = sorted(i + 1 for _, i in gaps[: steps - 1])
-    per_step = [gpu[a:b] for a, b in zip([0] + cuts, cuts + [len(gpu)])]
     idle = [max(g.end for g in chunk) - chunk[0].start - covered_us(chunk) for chunk in per_step]
     sync_gap = [sum(idle_after(g.end, chunk) for g in chunk if "dtoh" in g.name.lower()) for chunk in per_step]
     return {"sync_gap_us": median(sync_gap), "gpu_idle_us": median(idle)}

@@ -72,3 +72,70 @@ def test_cpu_builders_do_not_use_the_c_launch():
 
     builder = ChunkMetadataBuilder(4, 256, device="cpu")
     assert builder._native is None
+
+
+class CountingNative:
+    """The extension, counting the C builds that ran."""
+
+    def __init__(self, module):
+        self.module = module
+        self.builds = 0
+
+    def build(self, *args):
+        self.builds += 1
+        return self.module.build(*args)
+
+    def make_fill(self, *args):
+        return self.module.make_fill(*args)
+
+
+def test_builder_hot_path_on_the_host(monkeypatch):
+    """ChunkMetadataBuilder's C-build path (used on CUDA after the first build of a layout),
+    driven on the CPU with host-only fills: the Python around the C call — sizes, host
+    cu_seqlens_cpu, tensor shapes, ring generations, fallback on bad input — against the
+    reference. (The device tables are not written without a launch; tests/test_gpu.py checks
+    them on a GPU.)"""
+    from types import SimpleNamespace
+
+    from chunkmeta import ChunkMetadataBuilder, reference
+    from chunkmeta.workloads import random_decode_first
+
+    builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend="torch")
+    counting = CountingNative(compiled)
+    builder._native, builder._device_index = counting, 0
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    host_only = SimpleNamespace(block_rows=256, plain_kernel=lambda dtype: (0, 4, 0))
+    layouts = [None, "tail", "negative"]
+    for pad in layouts:
+        builder._make_native_fill(host_only, pad, torch.int32)
+    rng = np.random.default_rng(3)
+    kept = []
+    for k in range(30):
+        batch = random_decode_first(rng, 8, 1500)
+        pad = layouts[k % 3]
+        qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
+        qsl = qsl_cpu.clone()
+        kw = dict(first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        md = builder.build(qsl, qsl_cpu, **kw) if pad is None else builder.build_padded(qsl, qsl_cpu, pad=pad, **kw)
+        if pad is None:
+            ref = reference.chunk_metadata(batch.query_start_loc, 64, batch.first_seq, batch.num_seqs)
+            assert tuple(md.chunk_indices.shape) == (ref.num_chunks, 2)
+        else:
+            ref = reference.padded_chunk_metadata(batch.query_start_loc, 64, builder.padded_num_seqs[pad],
+                                                  builder.capacity.rows, -1 if pad == "negative" else 8,
+                                                  batch.first_seq, batch.num_seqs)
+            assert tuple(md.chunk_indices.shape) == (builder.capacity.rows, 2)
+        assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
+        assert md.cu_seqlens.shape[0] == md.chunk_offsets.shape[0] == len(ref.cu_seqlens)
+        assert (md.num_seqs, md.num_tokens, md.num_chunks, md.padding) == (ref.num_seqs, ref.num_tokens,
+                                                                            ref.num_chunks, pad)
+        assert md.generation == builder.builds == k + 1
+        kept.append(md)
+    assert counting.builds == 30
+    assert [md.is_live for md in kept[-builder.ring_depth - 1:]] == [False] + [True] * builder.ring_depth
+    # bad input: the C build refuses, the general path raises, nothing changes
+    bad_cpu = torch.tensor([0, 10, 5], dtype=torch.int32)
+    with pytest.raises(ChunkMetaError, match="decreasing"):
+        builder.build(bad_cpu.clone(), bad_cpu)
+    assert counting.builds == 31 and builder.builds == 30 and kept[-1].is_live

@@ -172,7 +172,10 @@ class ChunkMetadataBuilder:
         attributes; the numpy view the Python plan needs is made only if it runs). Anything
         else takes the full checks, which raise ChunkMetaError. Values are checked by the plan."""
         host = query_start_loc_cpu
-        if host is not self._last_cpu or host.shape[0] != self._last_cpu_len:
+        # data_ptr too: a tensor given new storage in place (set_, .data =) keeps its identity,
+        # and the C build reads the cached address
+        if (host is not self._last_cpu or host.shape[0] != self._last_cpu_len
+                or (self._last_cpu_array is None and host.data_ptr() != self._last_cpu_address)):
             if (type(host) is torch.Tensor and host.is_cpu and host.layout is torch.strided
                     and host.dtype in _INT_DTYPES and host.dim() == 1 and host.shape[0] >= 1 and host.stride(0) == 1):
                 self._last_cpu_array = None

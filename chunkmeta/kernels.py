@@ -52,8 +52,8 @@ def chunk_metadata_kernel(
 
     Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= num_seqs``
     lanes, one ``tl.cumsum``) instead of waiting on another program, so there is no
-    inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS / 4``, which bounds the
-    redundant scans by the row work: total work <= BLOCK_SEQS + 5 * num_rows.
+    inter-program dependency. Callers keep ``BLOCK_ROWS >= BLOCK_SEQS / 8``, which bounds the
+    redundant scans by the row work: total work <= BLOCK_SEQS + 9 * num_rows.
 
     A row's sequence is the number of sequences whose chunks end at or before it; each row
     finds it by binary lifting over the sorted chunk ends (LOG2_BLOCK_SEQS ``tl.gather``

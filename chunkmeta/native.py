@@ -44,23 +44,28 @@ _SOURCE = r"""
 #include <stdint.h>
 
 /* ---- the plan: sum of cdiv(len_i, 2^shift), max len_i, first decreasing index ---------- */
-/* The main loop is branch-free (a negative length shows in the OR of all lengths), so the
-   compiler vectorizes it; only a bad step pays the second loop that finds the index. */
+/* The main loop is branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
+   it; only a bad step pays the second loop that finds the index. Differences and sums are
+   taken in unsigned arithmetic: offsets anywhere in int64 (a caller's garbage included) never
+   overflow a signed value, and with no decrease every difference is a true length. */
 typedef struct { int64_t chunks, longest, bad; } Plan;
 
 #define PLAN(NAME, T)                                                              \
   static Plan NAME(const T *q, int64_t n, int shift) {                             \
     Plan p = {0, 0, 0};                                                            \
-    int64_t sign = 0, round = ((int64_t)1 << shift) - 1;                           \
+    uint64_t chunks = 0, longest = 0, round = ((uint64_t)1 << shift) - 1;          \
+    int decrease = 0;                                                              \
     for (int64_t i = 1; i <= n; i++) {                                             \
-      int64_t len = (int64_t)q[i] - (int64_t)q[i - 1];                             \
-      sign |= len;                                                                 \
-      p.chunks += (len + round) >> shift;                                          \
-      p.longest = len > p.longest ? len : p.longest;                               \
+      uint64_t len = (uint64_t)(int64_t)q[i] - (uint64_t)(int64_t)q[i - 1];        \
+      decrease |= q[i] < q[i - 1];                                                 \
+      chunks += (len + round) >> shift;                                            \
+      longest = len > longest ? len : longest;                                     \
     }                                                                              \
-    if (sign < 0)                                                                  \
+    if (decrease)                                                                  \
       for (int64_t i = 1; i <= n; i++)                                             \
         if (q[i] < q[i - 1]) { p.bad = i; break; }                                 \
+    p.chunks = (int64_t)chunks;                                                    \
+    p.longest = (int64_t)longest;                                                  \
     return p;                                                                      \
   }
 PLAN(plan_i32, int32_t)
@@ -74,22 +79,32 @@ static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
   return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
 }
 
+/* The arguments as C integers: 0, or -1 with a Python error set, or 1 when one lies outside
+   int64 (no error set: build() answers that as invalid input, the others raise). */
 static int ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
   if (nargs != want) {
     PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, nargs);
     return -1;
   }
   for (Py_ssize_t i = 0; i < want; i++) {
-    out[i] = PyLong_AsLongLong(args[i]);
+    int overflow = 0;
+    out[i] = PyLong_AsLongLongAndOverflow(args[i], &overflow);
     if (out[i] == -1 && PyErr_Occurred()) return -1;
+    if (overflow) return 1;
   }
   return 0;
+}
+
+static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
+  int status = ints(args, nargs, want, out);
+  if (status == 1) PyErr_SetString(PyExc_OverflowError, "argument outside int64");
+  return status;
 }
 
 /* plan(address, n, is64, shift) -> (bad_index, num_chunks, max_seqlen) */
 static PyObject *py_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   long long a[4];
-  if (ints(args, nargs, 4, a)) return NULL;
+  if (int_args(args, nargs, 4, a)) return NULL;
   Plan p = plan_any((const void *)(uintptr_t)a[0], (int)a[2], a[1], (int)a[3]);
   return Py_BuildValue("(LLL)", (long long)p.bad, (long long)p.chunks, (long long)p.longest);
 }
@@ -143,7 +158,7 @@ static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyErr_SetString(PyExc_TypeError, "make_fill takes 13 arguments");
     return NULL;
   }
-  if (ints(args, 12, 12, a)) return NULL;
+  if (int_args(args, 12, 12, a)) return NULL;
   void *function = (void *)(uintptr_t)a[0];
   if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
   /* the expected layout: 5 pointers, 5 int32, then only 8-byte (scratch pointer) parameters */
@@ -188,7 +203,7 @@ static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t 
   for (Py_ssize_t s = 0; s < count; s++) {
     long long p[4];
     PyObject *item = PySequence_Fast(PySequence_Fast_GET_ITEM(slots, s), "slot must be a sequence");
-    if (!item || PySequence_Fast_GET_SIZE(item) != 4 || ints(PySequence_Fast_ITEMS(item), 4, 4, p)) {
+    if (!item || PySequence_Fast_GET_SIZE(item) != 4 || int_args(PySequence_Fast_ITEMS(item), 4, 4, p)) {
       Py_XDECREF(item);
       Py_DECREF(slots);
       PyMem_Free(f);
@@ -218,7 +233,10 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return NULL;
   }
   Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
-  if (!f || ints(args + 1, 8, 8, a)) return NULL;
+  if (!f) return NULL;
+  int status = ints(args + 1, 8, 8, a);
+  if (status == 1) return PyLong_FromLong(-1); /* first_seq / num_seqs outside int64 */
+  if (status) return NULL;
   const char *host = (const char *)(uintptr_t)a[0];
   int64_t requests = a[1] - 1, first = a[3], n = a[4], slot = a[6];
   int is64 = (int)a[2];
@@ -227,8 +245,9 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
       slot >= f->slots)
     return PyLong_FromLong(-1);
   const void *q = host + first * (is64 ? 8 : 4);
-  int64_t start = load(q, is64, 0), tokens = load(q, is64, n) - start;
-  if (start < 0 || tokens < 0 || tokens > f->cap_tokens) return PyLong_FromLong(-1);
+  int64_t start = load(q, is64, 0), end = load(q, is64, n);
+  if (start < 0 || end < start || end - start > f->cap_tokens) return PyLong_FromLong(-1);
+  int64_t tokens = end - start; /* no overflow: 0 <= start <= end */
   Plan p = plan_any(q, is64, n, f->shift);
   if (p.bad || p.chunks > f->cap_rows) return PyLong_FromLong(-1);
 

@@ -196,7 +196,7 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
     shift = chunk_size.bit_length() - 1
     compiled = native.module() if num_seqs > _SMALL_BATCH and address is not None else None
     if compiled is not None:
-        # int64 arithmetic in C: exact lengths, no wrap-around to reason about
+        # one pass in C; it flags a decrease by comparing offsets, so lengths never wrap
         bad, num_chunks, max_seqlen = compiled.plan(address + first_seq * host.itemsize, num_seqs,
                                                     host.itemsize == 8, shift)
         if bad:

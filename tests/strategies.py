@@ -29,3 +29,24 @@ def batches(draw, chunk_size: int, max_requests: int = 40, max_len: int = 600) -
     start = draw(st.sampled_from([0, 0, 3, 1000]))
     batch = from_lengths([1] * num_decodes + prefills + trailing, first_seq=num_decodes, start=start)
     return batch._replace(num_seqs=len(prefills))
+
+
+@st.composite
+def host_offsets(draw, max_seqs: int = 80):
+    """A host ``query_start_loc`` as a numpy int32/int64 array, valid or not: mostly small steps
+    (-3..300, so decreases and negative starts occur), sometimes a jump to an extreme of the
+    dtype (where differences wrap around in fixed-width arithmetic)."""
+    import numpy as np
+
+    dtype = draw(st.sampled_from([np.int32, np.int64]))
+    info = np.iinfo(dtype)
+    extremes = [int(info.min), int(info.max), int(info.max) - 1, -1, int(info.max) // 2 + 1]
+    value = draw(st.sampled_from([0, 5, -2]))
+    values = [value]
+    for _ in range(draw(st.integers(0, max_seqs))):
+        if draw(st.integers(0, 9)) == 0:
+            value = draw(st.sampled_from(extremes))
+        else:
+            value = min(int(info.max), max(int(info.min), value + draw(st.integers(-3, 300))))
+        values.append(value)
+    return np.array(values, dtype=dtype)

@@ -38,7 +38,10 @@ for capacity in (64, 1024, 4096):
 def test_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode and ("ptxas" in done.stderr.lower() or "GPUTarget" in done.stderr):
+    missing = ("cannot find ptxas", "ptxas not found", "no such file", "cannot import name 'gputarget'",
+               "cannot import name 'astsource'")
+    if done.returncode and any(text in done.stderr.lower() for text in missing):
+        # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
         pytest.skip(f"this Triton cannot compile for sm_90 here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled") == 9, done.stdout

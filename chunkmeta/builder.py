@@ -225,15 +225,27 @@ class ChunkMetadataBuilder:
         if type(result) is int:
             return None
         n, num_tokens, num_chunks, max_seqlen = result
+        seqs_out, rows_out, _ = self._out_shape(pad, n, num_chunks)
+        return self._publish(slot, generation, self._views_at(slot, seqs_out, rows_out), n, num_tokens, num_chunks,
+                             max_seqlen, pad)
+
+    def _out_shape(self, pad, num_seqs: int, num_chunks: int) -> tuple[int, int, int]:
+        """(sequences, rows, padding rows' sequence) a build writes: the batch's own sizes in the
+        exact layout, the capacity in a padded one."""
         if pad is None:
-            key = (slot, n, num_chunks)
-        else:
-            key = (slot, self.padded_num_seqs[pad], self.capacity.rows)
-        views = self._views.get(key) or self._views_for(*key)
+            return num_seqs, num_chunks, 0
+        return self.padded_num_seqs[pad], self.capacity.rows, -1 if pad == "negative" else self.capacity.seqs
+
+    def _publish(self, slot, generation, views, num_seqs, num_tokens, num_chunks, max_seqlen, pad) -> ChunkMetadata:
+        """Record a finished build in its ring slot and return its metadata."""
         self._builds = generation
         self._slot_generation[slot] = generation
-        return ChunkMetadata(views[0], views[3], views[1], views[2], self.chunk_size, n, num_tokens, num_chunks,
+        cu, indices, offsets, cu_cpu = views
+        return ChunkMetadata(cu, cu_cpu, indices, offsets, self.chunk_size, num_seqs, num_tokens, num_chunks,
                              max_seqlen, pad, generation, self, slot)
+
+    def _views_at(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
+        return self._views.get((slot, seqs_out, rows_out)) or self._views_for(slot, seqs_out, rows_out)
 
     def _views_for(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
         """Views of a ring slot sized to one build (cached: shapes repeat step after step)."""
@@ -254,12 +266,8 @@ class ChunkMetadataBuilder:
         made = None
         if shape is not None:
             function, num_warps, shared = shape
-            if pad is None:
-                seqs_out = rows_out = -1
-                pad_seq = 0
-            else:
-                seqs_out, rows_out = self.padded_num_seqs[pad], self.capacity.rows
-                pad_seq = -1 if pad == "negative" else self.capacity.seqs
+            # the exact layout's sizes are per build: -1 tells the C build to use N and NT
+            seqs_out, rows_out, pad_seq = self._out_shape(pad, -1, -1)
             slots = [ptrs + (self._cu_cpu[k].data_ptr(),) for k, ptrs in enumerate(self._slot_ptrs)]
             made = self._native.make_fill(function, fill.block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
                                           self.capacity.seqs, self.capacity.tokens, self.capacity.rows, seqs_out,
@@ -281,15 +289,9 @@ class ChunkMetadataBuilder:
         generation = self._builds + 1
         slot = generation % self.ring_depth
         n, nt = step.num_seqs, step.num_chunks
-        if pad is None:
-            seqs_out, rows_out, pad_seq = n, nt, 0
-        else:
-            seqs_out = self.padded_num_seqs[pad]
-            rows_out = self.capacity.rows
-            pad_seq = -1 if pad == "negative" else self.capacity.seqs
-
-        cu, indices, offsets, cu_cpu = self._views.get((slot, seqs_out, rows_out)) or self._views_for(
-            slot, seqs_out, rows_out)
+        seqs_out, rows_out, pad_seq = self._out_shape(pad, n, nt)
+        views = self._views_at(slot, seqs_out, rows_out)
+        cu, indices, offsets, _ = views
 
         if n or pad is not None:
             if self.backend == "triton":
@@ -306,13 +308,7 @@ class ChunkMetadataBuilder:
                 fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
                            padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)
         _plan.write_host_cu_seqlens(step, self._cu_cpu_np[slot, : seqs_out + 1])
-
-        self._builds = generation
-        self._slot_generation[slot] = generation
-        return ChunkMetadata(
-            cu, cu_cpu, indices, offsets, self.chunk_size, n, step.num_tokens, nt, step.max_seqlen,
-            pad, generation, self, slot,
-        )
+        return self._publish(slot, generation, views, n, step.num_tokens, nt, step.max_seqlen, pad)
 
 
 def build_chunk_metadata(query_start_loc: torch.Tensor, query_start_loc_cpu, *, chunk_size: int = 64,

@@ -199,18 +199,22 @@ class TritonFill:
         if kernel is None:
             return None
         meta = kernel.metadata
-        run = getattr(kernel, "run", None)
         plain = (
             getattr(meta, "num_ctas", 1) == 1
             and not getattr(meta, "launch_cooperative_grid", False)
             and not getattr(meta, "launch_pdl", False)
             and getattr(meta, "global_scratch_size", 0) == 0
             and getattr(meta, "profile_scratch_size", 0) == 0
-            and getattr(run, "global_scratch_size", 0) == 0
-            and getattr(run, "profile_scratch_size", 0) == 0
+            and _needs_no_scratch(getattr(kernel, "run", None))
             and getattr(kernel, "function", None)
         )
         return (kernel.function, meta.num_warps, meta.shared) if plain else None
+
+
+def _needs_no_scratch(run) -> bool:
+    """Whether Triton's launcher for a kernel allocates no scratch buffers (an unknown launcher,
+    without the attributes, counts as needing them)."""
+    return getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
 
 
 def _direct_launcher(kernel):
@@ -237,8 +241,7 @@ def _direct_launcher(kernel):
     if (
         launch is not None
         and wrapper == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
-        and getattr(run, "global_scratch_size", 1) == 0
-        and getattr(run, "profile_scratch_size", 1) == 0
+        and _needs_no_scratch(run)
     ):
         fixed = (run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
         return launch, kernel.function, fixed

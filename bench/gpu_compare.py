@@ -137,13 +137,14 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
     parts = {
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
         "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
-        "C build (plan + launch + host copy)": (
-            (lambda: b._native.build(native_fill, host, n + 1, False, 0, -1, qsl_ptr, 0, stream))
+        "C build (plan + ChunkMetadata + launch + host copy)": (
+            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b, b._views,
+                                     b._views_for))
             if native_fill else None),
         "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
                                                      n, 0),
         "Python plan alone": lambda: b._plan(0, None),
-        "ChunkMetadata(...)": lambda: chunkmeta.ChunkMetadata(case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt,
+        "ChunkMetadata(...), general path only": lambda: chunkmeta.ChunkMetadata(case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt,
                                                              1, False, 1, b, 0),
         "empty python call": lambda: None,
     }

@@ -204,30 +204,24 @@ class ChunkMetadataBuilder:
                                self._last_cpu_address)
 
     def _build_native(self, query_start_loc, first_seq, num_seqs, pad) -> ChunkMetadata | None:
-        """The whole build in one C call (plan, checks, launch, host copy) on accepted tensors,
-        or None when the general path must run: a kernel not compiled yet, another current
-        device, any invalid input (re-planned there for the precise error) or a failed launch
-        (re-launched there through Triton, which raises)."""
-        if (
-            type(first_seq) is not int
-            or not (num_seqs is None or (type(num_seqs) is int and num_seqs >= 0))
-            or self._last_cpu_address is None
-        ):
-            return None
+        """The whole build in one C call (plan, checks, the ChunkMetadata, launch, host copy) on
+        accepted tensors, or None when the general path must run: a kernel not compiled yet,
+        another current device, any invalid input (re-planned there for the precise error) or a
+        failed launch (re-launched there through Triton, which raises)."""
         fill = self._native_fills.get((pad, query_start_loc.dtype))
-        if not fill or torch._C._cuda_getDevice() != self._device_index:
+        if not fill or self._last_cpu_address is None or torch._C._cuda_getDevice() != self._device_index:
             return None
         generation = self._builds + 1
         slot = generation % self.ring_depth
-        result = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64, first_seq,
-                                    -1 if num_seqs is None else num_seqs, query_start_loc.data_ptr(), slot,
-                                    torch._C._cuda_getCurrentRawStream(self._device_index))
-        if type(result) is int:
+        metadata = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64,
+                                      first_seq, num_seqs, query_start_loc.data_ptr(), slot,
+                                      torch._C._cuda_getCurrentRawStream(self._device_index), generation, self,
+                                      self._views, self._views_for)
+        if type(metadata) is int:
             return None
-        n, num_tokens, num_chunks, max_seqlen = result
-        seqs_out, rows_out, _ = self._out_shape(pad, n, num_chunks)
-        return self._publish(slot, generation, self._views_at(slot, seqs_out, rows_out), n, num_tokens, num_chunks,
-                             max_seqlen, pad)
+        self._builds = generation
+        self._slot_generation[slot] = generation
+        return metadata
 
     def _out_shape(self, pad, num_seqs: int, num_chunks: int) -> tuple[int, int, int]:
         """(sequences, rows, padding rows' sequence) a build writes: the batch's own sizes in the
@@ -271,7 +265,7 @@ class ChunkMetadataBuilder:
             slots = [ptrs + (self._cu_cpu[k].data_ptr(),) for k, ptrs in enumerate(self._slot_ptrs)]
             made = self._native.make_fill(function, fill.block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
                                           self.capacity.seqs, self.capacity.tokens, self.capacity.rows, seqs_out,
-                                          rows_out, pad_seq, self._params_ptr, slots)
+                                          rows_out, pad_seq, self._params_ptr, slots, pad)
         self._native_fills[(pad, dtype)] = made or False
 
     def _fill_for(self, padded: bool):

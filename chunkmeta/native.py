@@ -8,10 +8,12 @@ one Triton needs anyway for its launchers) into ``$CHUNKMETA_CACHE_DIR`` (defaul
   ``query_start_loc`` -> ``(bad_index, num_chunks, max_seqlen)``; ``bad_index`` is 0, or the
   first index where the offsets decrease. numpy needs four or five array calls for this.
 * ``build(fill, ...)``: a build's whole host side for a CUDA builder: the plan and every
-  validation check, the launch of the already-compiled Triton kernel (``cuLaunchKernel``
-  straight from C, with the parameters packed here), and the host ``cu_seqlens_cpu`` copy.
-  Python then only wraps the result in a ``ChunkMetadata``. A fill (``make_fill``) holds what
-  never changes between builds: the kernel handle, its launch shape and the ring's pointers.
+  validation check, the ``ChunkMetadata`` it returns (made here, from the builder's cached
+  views), the launch of the already-compiled Triton kernel (``cuLaunchKernel`` straight from
+  C, with the parameters packed here), and the host ``cu_seqlens_cpu`` copy. The builder's
+  Python only checks its input tensors and records the ring generation. A fill
+  (``make_fill``) holds what never changes between builds: the kernel handle, its launch shape,
+  the ring's pointers and the layout's padding.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as
@@ -37,6 +39,10 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+import attrs
+
+from chunkmeta.metadata import ChunkMetadata
+
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,32 +50,57 @@ _SOURCE = r"""
 #include <stdint.h>
 
 /* ---- the plan: sum of cdiv(len_i, 2^shift), max len_i, first decreasing index ---------- */
-/* The main loop is branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
-   it; only a bad step pays the second loop that finds the index. Differences and sums are
-   taken in unsigned arithmetic: offsets anywhere in int64 (a caller's garbage included) never
-   overflow a signed value, and with no decrease every difference is a true length. */
+/* The main loops are branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
+   them; only a bad step pays the second loop that finds the index. Differences are taken in
+   unsigned arithmetic: offsets anywhere in the dtype (a caller's garbage included) never
+   overflow a signed value, and with no decrease every difference is a true length.
+   int32 offsets are planned in 32-bit lanes: with no decrease the lengths sum to q[n] - q[0]
+   < 2^32, so no sum wraps, and a step with a decrease is rejected whatever the sums read.
+   On x86-64 the loops are also built for AVX2 (picked at load time): the baseline SSE2 has no
+   32-bit unsigned max, and scalar code costs ~1 ns per sequence. */
 typedef struct { int64_t chunks, longest, bad; } Plan;
 
-#define PLAN(NAME, T)                                                              \
-  static Plan NAME(const T *q, int64_t n, int shift) {                             \
-    Plan p = {0, 0, 0};                                                            \
-    uint64_t chunks = 0, longest = 0, round = ((uint64_t)1 << shift) - 1;          \
-    int decrease = 0;                                                              \
-    for (int64_t i = 1; i <= n; i++) {                                             \
-      uint64_t len = (uint64_t)(int64_t)q[i] - (uint64_t)(int64_t)q[i - 1];        \
-      decrease |= q[i] < q[i - 1];                                                 \
-      chunks += (len + round) >> shift;                                            \
-      longest = len > longest ? len : longest;                                     \
-    }                                                                              \
-    if (decrease)                                                                  \
-      for (int64_t i = 1; i <= n; i++)                                             \
-        if (q[i] < q[i - 1]) { p.bad = i; break; }                                 \
-    p.chunks = (int64_t)chunks;                                                    \
-    p.longest = (int64_t)longest;                                                  \
-    return p;                                                                      \
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define VECTORIZED __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTORIZED
+#endif
+
+VECTORIZED static int64_t first_decrease_i32(const int32_t *q, int64_t n) {
+  int decrease = 0;
+  for (int64_t i = 1; i <= n; i++) decrease |= q[i] < q[i - 1];
+  if (decrease)
+    for (int64_t i = 1; i <= n; i++)
+      if (q[i] < q[i - 1]) return i;
+  return 0;
+}
+
+VECTORIZED static Plan plan_i32(const int32_t *q, int64_t n, int shift) {
+  uint32_t chunks = 0, longest = 0, round = (1u << shift) - 1;
+  for (int64_t i = 1; i <= n; i++) {
+    uint32_t len = (uint32_t)q[i] - (uint32_t)q[i - 1];
+    chunks += (len >> shift) + ((len & round) != 0);
+    longest = len > longest ? len : longest;
   }
-PLAN(plan_i32, int32_t)
-PLAN(plan_i64, int64_t)
+  Plan p = {(int64_t)chunks, (int64_t)longest, first_decrease_i32(q, n)};
+  return p;
+}
+
+VECTORIZED static Plan plan_i64(const int64_t *q, int64_t n, int shift) {
+  uint64_t chunks = 0, longest = 0, round = ((uint64_t)1 << shift) - 1;
+  int decrease = 0;
+  for (int64_t i = 1; i <= n; i++) {
+    uint64_t len = (uint64_t)q[i] - (uint64_t)q[i - 1];
+    decrease |= q[i] < q[i - 1];
+    chunks += (len >> shift) + ((len & round) != 0);
+    longest = len > longest ? len : longest;
+  }
+  Plan p = {(int64_t)chunks, (int64_t)longest, 0};
+  if (decrease)
+    for (int64_t i = 1; i <= n; i++)
+      if (q[i] < q[i - 1]) { p.bad = i; break; }
+  return p;
+}
 
 static int64_t load(const void *q, int is64, int64_t i) {
   return is64 ? ((const int64_t *)q)[i] : (int64_t)((const int32_t *)q)[i];
@@ -130,9 +161,14 @@ typedef struct {
   uint64_t params;
   uint64_t cu[MAX_SLOTS], indices[MAX_SLOTS], offsets[MAX_SLOTS];
   int32_t *cu_host[MAX_SLOTS];
+  PyObject *padding; /* ChunkMetadata.padding of this layout: None, "tail" or "negative" */
 } Fill;
 
-static void free_fill(PyObject *capsule) { PyMem_Free(PyCapsule_GetPointer(capsule, "chunkmeta.fill")); }
+static void free_fill(PyObject *capsule) {
+  Fill *f = PyCapsule_GetPointer(capsule, "chunkmeta.fill");
+  Py_XDECREF(f->padding);
+  PyMem_Free(f);
+}
 
 /* bind_cuda() -> bool: find cuLaunchKernel and cuFuncGetParamInfo in the loaded driver. */
 static PyObject *py_bind_cuda(PyObject *self, PyObject *unused) {
@@ -148,14 +184,14 @@ static PyObject *py_bind_cuda(PyObject *self, PyObject *unused) {
 }
 
 /* make_fill(function, block_rows, num_warps, shared, shift, cap_seqs, cap_tokens, cap_rows,
-             seqs_out, rows_out, pad_seq, params, slots) -> capsule, or None if the kernel's
-   parameters are not the layout this file packs. slots: sequence of (cu, indices, offsets,
-   cu_host address). function 0 makes a fill that launches nothing: the host side alone, which
+             seqs_out, rows_out, pad_seq, params, slots, padding) -> capsule, or None if the
+   kernel's parameters are not the layout this file packs. slots: sequence of (cu, indices,
+   offsets, cu_host address); padding: the layout's ChunkMetadata.padding. function 0 makes a fill that launches nothing: the host side alone, which
    is how CPU tests check the C checks and host copy against the Python plan. */
 static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   long long a[12];
-  if (nargs != 13) {
-    PyErr_SetString(PyExc_TypeError, "make_fill takes 13 arguments");
+  if (nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "make_fill takes 14 arguments");
     return NULL;
   }
   if (int_args(args, 12, 12, a)) return NULL;
@@ -217,28 +253,112 @@ static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t 
     f->cu_host[s] = (int32_t *)(uintptr_t)p[3];
   }
   Py_DECREF(slots);
+  Py_INCREF(args[13]);
+  f->padding = args[13];
   PyObject *capsule = PyCapsule_New(f, "chunkmeta.fill", free_fill);
-  if (!capsule) PyMem_Free(f);
+  if (!capsule) {
+    Py_DECREF(f->padding);
+    PyMem_Free(f);
+  }
   return capsule;
 }
 
-/* build(fill, host_address, host_len, is64, first_seq, num_seqs (-1: the rest), qsl, slot, stream)
-   -> (num_seqs, num_tokens, num_chunks, max_seqlen), or an int: -1 when the input is invalid
-   (nothing was launched or written: the caller re-plans slowly for the precise error), or the
-   CUresult of a failed launch (nothing written on the host). */
+/* ---- the result: a ChunkMetadata made here ------------------------------------------------ */
+/* The builder's own views and sizes need none of ChunkMetadata's constructor checks, and its
+   attrs __init__ (13 fields, 4 validators) costs more than the launch's arguments: the object
+   is allocated here and its slots set through their member descriptors, as object.__setattr__
+   would. set_metadata_class binds the class once and refuses one whose fields are not slots. */
+#define NUM_FIELDS 13
+static PyTypeObject *metadata_type = NULL;
+static PyObject *metadata_fields[NUM_FIELDS];
+
+/* set_metadata_class(cls, field_names) -> bool */
+static PyObject *py_set_metadata_class(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyType_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "set_metadata_class(cls, field_names)");
+    return NULL;
+  }
+  PyObject *names = PySequence_Fast(args[1], "field_names must be a sequence");
+  if (!names) return NULL;
+  PyObject *found[NUM_FIELDS] = {NULL};
+  int ok = PySequence_Fast_GET_SIZE(names) == NUM_FIELDS;
+  for (Py_ssize_t i = 0; ok && i < NUM_FIELDS; i++) {
+    found[i] = PyObject_GetAttr(args[0], PySequence_Fast_GET_ITEM(names, i));
+    if (!found[i]) PyErr_Clear();
+    ok = found[i] && PyObject_TypeCheck(found[i], &PyMemberDescr_Type);
+  }
+  Py_DECREF(names);
+  if (!ok) {
+    for (int i = 0; i < NUM_FIELDS; i++) Py_XDECREF(found[i]);
+    Py_RETURN_FALSE;
+  }
+  for (int i = 0; i < NUM_FIELDS; i++) {
+    Py_XSETREF(metadata_fields[i], found[i]);
+  }
+  Py_INCREF(args[0]);
+  Py_XSETREF(metadata_type, (PyTypeObject *)args[0]);
+  Py_RETURN_TRUE;
+}
+
+/* A ChunkMetadata with its fields set (new reference), or NULL with an error. values[] are
+   borrowed. */
+static PyObject *new_metadata(PyObject *const *values) {
+  PyObject *md = metadata_type->tp_alloc(metadata_type, 0);
+  if (!md) return NULL;
+  for (int i = 0; i < NUM_FIELDS; i++) {
+    if (Py_TYPE(metadata_fields[i])->tp_descr_set(metadata_fields[i], md, values[i]) < 0) {
+      Py_DECREF(md);
+      return NULL;
+    }
+  }
+  return md;
+}
+
+/* The four views of a slot sized (seqs_out, rows_out): from the builder's cache, else from its
+   views_for(slot, seqs_out, rows_out). A new reference, or NULL with an error. */
+static PyObject *slot_views(PyObject *cache, PyObject *views_for, int64_t slot, int64_t seqs_out,
+                            int64_t rows_out) {
+  PyObject *key = Py_BuildValue("(LLL)", (long long)slot, (long long)seqs_out, (long long)rows_out);
+  if (!key) return NULL;
+  PyObject *views = PyDict_GetItemWithError(cache, key);
+  if (views) Py_INCREF(views);
+  else if (!PyErr_Occurred()) views = PyObject_Call(views_for, key, NULL);
+  Py_DECREF(key);
+  if (views && !(PyTuple_CheckExact(views) && PyTuple_GET_SIZE(views) == 4)) {
+    Py_DECREF(views);
+    PyErr_SetString(PyExc_TypeError, "views_for must return a 4-tuple");
+    return NULL;
+  }
+  return views;
+}
+
+/* build(fill, host_address, host_len, is64, first_seq, num_seqs, qsl, slot, stream, generation,
+         lease, views_cache, views_for) -> ChunkMetadata, or an int: -1 when the input is invalid
+   (first_seq not an int, num_seqs neither None nor an int >= 0, a bad slice or offsets: nothing
+   was launched or written, and the caller re-plans slowly for the precise error), or the
+   CUresult of a failed launch (nothing written on the host). num_seqs None: the rest of the
+   batch. The result is made before the launch, so nothing can fail once the slot is written. */
 static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  long long a[8];
-  if (nargs != 9) {
-    PyErr_SetString(PyExc_TypeError, "build takes 9 arguments");
+  if (nargs != 13) {
+    PyErr_SetString(PyExc_TypeError, "build takes 13 arguments");
+    return NULL;
+  }
+  if (!metadata_type) {
+    PyErr_SetString(PyExc_RuntimeError, "set_metadata_class was not called");
     return NULL;
   }
   Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
   if (!f) return NULL;
-  int status = ints(args + 1, 8, 8, a);
-  if (status == 1) return PyLong_FromLong(-1); /* first_seq / num_seqs outside int64 */
-  if (status) return NULL;
+  long long a[3], b[4], first_seq, num_seqs = -1;
+  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, b)) return NULL;
+  /* exact ints only (a bool or a numpy integer takes the general path and its checks) */
+  if (!PyLong_CheckExact(args[4]) || !(args[5] == Py_None || PyLong_CheckExact(args[5]))) return PyLong_FromLong(-1);
+  int overflow = 0;
+  first_seq = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+  if (!overflow && args[5] != Py_None) num_seqs = PyLong_AsLongLongAndOverflow(args[5], &overflow);
+  if (overflow || (args[5] != Py_None && num_seqs < 0)) return PyLong_FromLong(-1);
   const char *host = (const char *)(uintptr_t)a[0];
-  int64_t requests = a[1] - 1, first = a[3], n = a[4], slot = a[6];
+  int64_t requests = a[1] - 1, first = first_seq, n = num_seqs, slot = b[1];
   int is64 = (int)a[2];
   if (n < 0) n = requests - first;
   if (first < 0 || first > requests || n < 0 || first + n > requests || n > f->cap_seqs || slot < 0 ||
@@ -250,11 +370,26 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   int64_t tokens = end - start; /* no overflow: 0 <= start <= end */
   Plan p = plan_any(q, is64, n, f->shift);
   if (p.bad || p.chunks > f->cap_rows) return PyLong_FromLong(-1);
-
   int64_t seqs_out = f->seqs_out < 0 ? n : f->seqs_out;
   int64_t rows_out = f->rows_out < 0 ? p.chunks : f->rows_out;
+
+  PyObject *views = slot_views(args[11], args[12], slot, seqs_out, rows_out);
+  if (!views) return NULL;
+  PyObject *ints[6] = {PyLong_FromLongLong(1LL << f->shift), PyLong_FromLongLong(n), PyLong_FromLongLong(tokens),
+                       PyLong_FromLongLong(p.chunks), PyLong_FromLongLong(p.longest), PyLong_FromLongLong(slot)};
+  PyObject *md = NULL;
+  if (ints[0] && ints[1] && ints[2] && ints[3] && ints[4] && ints[5]) {
+    PyObject *values[NUM_FIELDS] = {PyTuple_GET_ITEM(views, 0), PyTuple_GET_ITEM(views, 3), PyTuple_GET_ITEM(views, 1),
+                                    PyTuple_GET_ITEM(views, 2), ints[0], ints[1], ints[2], ints[3], ints[4],
+                                    f->padding, args[9], args[10], ints[5]};
+    md = new_metadata(values);
+  }
+  for (int i = 0; i < 6; i++) Py_XDECREF(ints[i]);
+  Py_DECREF(views);
+  if (!md) return NULL;
+
   if (f->function && (n > 0 || f->seqs_out >= 0)) {
-    uint64_t ptrs[5] = {(uint64_t)a[5], f->params, f->cu[slot], f->indices[slot], f->offsets[slot]};
+    uint64_t ptrs[5] = {(uint64_t)b[0], f->params, f->cu[slot], f->indices[slot], f->offsets[slot]};
     int32_t scalars[5] = {(int32_t)first, (int32_t)n, (int32_t)rows_out, (int32_t)seqs_out, f->pad_seq};
     uint64_t scratch[MAX_TRAILING] = {0};
     void *params[NUM_ARGS + MAX_TRAILING];
@@ -264,22 +399,22 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
     unsigned grid = rows_out > 0 ? (unsigned)((rows_out + f->block_rows - 1) / f->block_rows) : 1u;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)a[7], params,
+    err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)b[2], params,
                         NULL);
     Py_END_ALLOW_THREADS
-    if (err) return PyLong_FromLong(err);
+    if (err) {
+      Py_DECREF(md);
+      return PyLong_FromLong(err);
+    }
   }
   /* the host cu_seqlens: the slice rebased to 0, then zero-length tails up to seqs_out */
   int32_t *out = f->cu_host[slot];
-  for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(load(q, is64, i) - start);
+  if (is64)
+    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int64_t *)q)[i] - start);
+  else
+    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int32_t *)q)[i] - start);
   for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
-  PyObject *result = PyTuple_New(4);
-  if (!result) return NULL;
-  PyTuple_SET_ITEM(result, 0, PyLong_FromLongLong(n));
-  PyTuple_SET_ITEM(result, 1, PyLong_FromLongLong(tokens));
-  PyTuple_SET_ITEM(result, 2, PyLong_FromLongLong(p.chunks));
-  PyTuple_SET_ITEM(result, 3, PyLong_FromLongLong(p.longest));
-  return result;
+  return md;
 }
 
 static PyMethodDef methods[] = {
@@ -287,6 +422,8 @@ static PyMethodDef methods[] = {
     {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
     {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
+    {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,
+     "the class build() returns"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "MODULE_NAME", NULL, -1, methods};
@@ -337,6 +474,8 @@ def module():
         spec.loader.exec_module(loaded)
     except (OSError, ImportError, subprocess.SubprocessError):
         return None
+    if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):
+        return None  # an attrs that stopped making slots: the Python path builds it
     _module = loaded
     return _module
 

@@ -2,7 +2,8 @@
 
 On a GPU the C build also launches the kernel (tests/test_gpu.py checks the device tables); here
 a fill with function 0 runs everything else: every validation check, the sizes it returns and
-the host ``cu_seqlens_cpu`` it writes. Invalid input must return -1 and write nothing.
+the host ``cu_seqlens_cpu`` it writes, and the ``ChunkMetadata`` it returns. Invalid input must
+return -1 and write nothing.
 """
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkmeta import ChunkMetaError, native, plan
+from chunkmeta import ChunkMetadata, ChunkMetaError, native, plan
 from strategies import host_offsets
 
 compiled = native.module()
@@ -25,7 +26,27 @@ def host_only_fill(cu_host: torch.Tensor, padded_seqs: int | None):
     seqs_out = -1 if padded_seqs is None else padded_seqs
     rows_out = -1 if padded_seqs is None else CAP.rows
     slots = [(0, 0, 0, cu_host[k].data_ptr()) for k in range(cu_host.shape[0])]
-    return compiled.make_fill(0, 256, 4, 0, 6, CAP.seqs, CAP.tokens, CAP.rows, seqs_out, rows_out, 0, 0, slots)
+    return compiled.make_fill(0, 256, 4, 0, 6, CAP.seqs, CAP.tokens, CAP.rows, seqs_out, rows_out, 0, 0, slots,
+                              None if padded_seqs is None else "tail")
+
+
+class Views:
+    """A builder's view cache: the C build asks it for (slot, seqs_out, rows_out) views."""
+
+    def __init__(self):
+        self.cache, self.asked = {}, []
+
+    def views_for(self, slot, seqs_out, rows_out):
+        self.asked.append((slot, seqs_out, rows_out))
+        views = tuple(torch.zeros(k) for k in (seqs_out + 1, rows_out, seqs_out + 1, seqs_out + 1))
+        self.cache[(slot, seqs_out, rows_out)] = views
+        return views
+
+
+def c_build(fill, host, first_seq, num_seqs, slot, views=None, generation=5, lease=None):
+    views = views or Views()
+    return compiled.build(fill, plan.host_address(host), host.shape[0], host.itemsize == 8, first_seq, num_seqs, 0,
+                          slot, 0, generation, lease, views.cache, views.views_for)
 
 
 @settings(max_examples=500, deadline=None)
@@ -37,15 +58,26 @@ def test_c_build_matches_the_plan(host, padded, data):
     padded_seqs = CAP.seqs + 1 if padded else None
     cu_host = torch.full((2, CAP.seqs + 2), SENTINEL, dtype=torch.int32)
     fill = host_only_fill(cu_host, padded_seqs)
-    result = compiled.build(fill, plan.host_address(host), host.shape[0], host.itemsize == 8, first_seq,
-                            -1 if num_seqs is None else num_seqs, 0, slot, 0)
+    views = Views()
+    result = c_build(fill, host, first_seq, num_seqs, slot, views)
     try:
         step = plan.plan_step(host, first_seq, num_seqs, 64, CAP, None)
     except ChunkMetaError:
         assert result == -1
         assert (cu_host == SENTINEL).all()  # nothing written
+        assert not views.asked
         return
-    assert result == (step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
+    assert type(result) is ChunkMetadata
+    assert (result.num_seqs, result.num_tokens, result.num_chunks, result.max_seqlen) == (
+        step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
+    assert (result.chunk_size, result.padding, result.generation, result._slot) == (
+        64, "tail" if padded else None, 5, slot)
+    seqs_out = padded_seqs if padded else step.num_seqs
+    rows_out = CAP.rows if padded else step.num_chunks
+    cu, cu_cpu, indices, offsets = (result.cu_seqlens, result.cu_seqlens_cpu, result.chunk_indices,
+                                    result.chunk_offsets)
+    assert views.asked == [(slot, seqs_out, rows_out)]
+    assert (cu, indices, offsets, cu_cpu) == views.cache[(slot, seqs_out, rows_out)]
     n = step.num_seqs
     expected = (step.segment - step.segment[0]).tolist()
     if padded:
@@ -57,7 +89,42 @@ def test_c_build_matches_the_plan(host, padded, data):
 def test_c_build_rejects_a_slot_outside_the_ring():
     cu_host = torch.zeros(2, CAP.seqs + 2, dtype=torch.int32)
     host = np.array([0, 5], dtype=np.int32)
-    assert compiled.build(host_only_fill(cu_host, None), plan.host_address(host), 2, False, 0, -1, 0, 2, 0) == -1
+    assert c_build(host_only_fill(cu_host, None), host, 0, None, 2) == -1
+
+
+@pytest.mark.parametrize("first_seq, num_seqs", [(True, None), (np.int64(0), None), (0.0, None), (0, False),
+                                                  (0, np.int32(1)), (0, -1), (0, 1.0)])
+def test_c_build_leaves_non_int_arguments_to_the_general_path(first_seq, num_seqs):
+    """Only exact ints (and None for num_seqs) are taken; the general path checks the rest."""
+    cu_host = torch.full((2, CAP.seqs + 2), SENTINEL, dtype=torch.int32)
+    assert c_build(host_only_fill(cu_host, None), np.array([0, 5], dtype=np.int32), first_seq, num_seqs, 0) == -1
+    assert (cu_host == SENTINEL).all()
+
+
+def test_c_built_metadata_is_a_frozen_chunk_metadata():
+    """The object the C build makes behaves as the constructor's: frozen, leased, printable."""
+    import attrs
+
+    class Lease:
+        live = True
+
+        def is_live(self, slot, generation):
+            return self.live
+
+        def retired_message(self, slot, generation):
+            return f"retired {slot} {generation}"
+
+    cu_host = torch.zeros(2, CAP.seqs + 2, dtype=torch.int32)
+    lease = Lease()
+    md = c_build(host_only_fill(cu_host, None), np.array([3, 3, 70, 200], dtype=np.int64), 0, None, 1,
+                 generation=9, lease=lease)
+    assert (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen, md.generation) == (3, 197, 5, 130, 9)
+    assert md.is_live and md.check_live() is md and "N=3 T=197 NT=5" in repr(md)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        md.num_seqs = 4
+    lease.live = False
+    with pytest.raises(ChunkMetaError, match="retired 1 9"):
+        md.check_live()
 
 
 def test_cpu_builders_do_not_use_the_c_launch():

@@ -1,0 +1,57 @@
+"""The Triton fill at block sizes far below the launchers' defaults, so that program boundaries
+fall everywhere: on a sequence's first chunk, inside a long sequence, right after zero-length
+sequences, at the last row. On CPU this runs under Triton's interpreter; tests/test_gpu.py runs
+the default shapes on CUDA."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkmeta import reference
+from strategies import CHUNK_SIZES, batches
+
+pytest.importorskip("triton")
+
+from chunkmeta.kernels import TritonFill  # noqa: E402  (after the skip: this imports triton)
+
+CAPACITY = 64
+
+
+def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0):
+    qsl = torch.tensor(batch.query_start_loc, dtype=torch.int64)
+    ref = reference.chunk_metadata(batch.query_start_loc, chunk_size, batch.first_seq, batch.num_seqs)
+    seqs_out = CAPACITY + 1 if padded else ref.num_seqs
+    rows_out = ref.num_chunks + 2 * block_rows + 3 if padded else ref.num_chunks
+    # stale values from an earlier step must not leak into this one
+    cu = torch.full((CAPACITY + 2,), 7, dtype=torch.int32)
+    cu[0] = 0
+    indices = torch.full((rows_out + 5, 2), 99, dtype=torch.int32)
+    offsets = torch.full((CAPACITY + 2,), 7, dtype=torch.int64)
+    offsets[0] = 0
+    fill = TritonFill(chunk_size=chunk_size, block_seqs=CAPACITY, padded=padded, params_on_device=False,
+                      block_rows=block_rows, num_warps=1)
+    fill(qsl, torch.zeros(2, dtype=torch.int32), cu, indices, offsets, batch.first_seq, ref.num_seqs, rows_out,
+         seqs_out, pad_seq)
+    if padded:
+        ref = reference.padded_chunk_metadata(batch.query_start_loc, chunk_size, seqs_out, rows_out, pad_seq,
+                                              batch.first_seq, batch.num_seqs)
+    assert cu[: seqs_out + 1].tolist() == ref.cu_seqlens
+    assert offsets[: seqs_out + 1].tolist() == ref.chunk_offsets
+    assert [tuple(r) for r in indices[:rows_out].tolist()] == ref.chunk_indices
+    assert indices[rows_out:].eq(99).all(), "a row past num_rows was written"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 2, 4, 16]))
+def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows):
+    batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
+    run_fill(batch, chunk_size, block_rows, padded=False)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 4, 8]),
+       pad_seq=st.sampled_from([-1, CAPACITY]))
+def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, pad_seq):
+    batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
+    run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq)

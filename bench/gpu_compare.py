@@ -122,10 +122,29 @@ def host_busy(fn) -> float:
     return elapsed
 
 
+def engine_steps(case: Case, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Inputs as an engine passes them: a different batch every step (up to the workload's size:
+    new row counts, so the builder's row-view cache mostly misses), each as fresh prefix views
+    of device and host buffers sized for the builder's capacity."""
+    rng = torch.Generator().manual_seed(case.ref.num_seqs)
+    num_seqs, num_tokens = case.ref.num_seqs, case.ref.num_tokens
+    cap = case.builder.capacity.seqs + 1
+    steps = []
+    for k in range(count):
+        n = int(torch.randint(max(1, num_seqs // 2), num_seqs + 1, (1,), generator=rng))
+        t = int(torch.randint(max(n, num_tokens // 2), num_tokens + 1, (1,), generator=rng))
+        qsl_cpu = torch.zeros(cap, dtype=torch.int32)
+        qsl_cpu[: n + 1] = torch.tensor(workload(n, t, seed=k).query_start_loc, dtype=torch.int32)
+        steps.append((qsl_cpu.cuda()[: n + 1], qsl_cpu[: n + 1]))
+    return steps
+
+
 def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
     """Where chunkmeta's build host time goes (medians of per-call times, µs)."""
     b = case.builder
     b.build(case.qsl, case.qsl_cpu)  # the C build's constants exist after a first build
+    steps = engine_steps(case, reps + 101)  # no batch is seen twice
+    turn = iter(range(1 << 62))
     fill = b._fill_for(False)
     native_fill = b._native_fills.get((None, case.qsl.dtype))
     cu_ptr, idx_ptr, off_ptr = b._slot_ptrs[0]
@@ -137,9 +156,11 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
     parts = {
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
         "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
+        "build, engine pattern (a new batch each call, as fresh views)": (
+            lambda: b.build(*steps[next(turn) % len(steps)])),
         "C build (plan + ChunkMetadata + launch + host copy)": (
-            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b, b._views,
-                                     b._views_for))
+            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b, b._seq_views,
+                                     b._row_views, b._views_for))
             if native_fill else None),
         "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
                                                      n, 0),

@@ -89,7 +89,12 @@ class ChunkMetadataBuilder:
                            for k in range(ring_depth)]
 
         self._fills: dict[bool, object] = {}
-        self._views: dict[tuple, tuple] = {}
+        # Output views, cached in two parts: steps repeat sequence counts far more often than
+        # row counts, and a view costs a microsecond or more to make.
+        self._seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
+        self._row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
+        self._slot_buffers = [(self._cu[k], self._indices[k], self._offsets[k], self._cu_cpu[k])
+                              for k in range(ring_depth)]
         self._slot_generation = [0] * ring_depth
         self._retired_through = 0  # generations <= this were retired explicitly (retire())
         self._builds = 0
@@ -216,7 +221,7 @@ class ChunkMetadataBuilder:
         metadata = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64,
                                       first_seq, num_seqs, query_start_loc.data_ptr(), slot,
                                       torch._C._cuda_getCurrentRawStream(self._device_index), generation, self,
-                                      self._views, self._views_for)
+                                      self._seq_views, self._row_views, self._views_for)
         if type(metadata) is int:
             return None
         self._builds = generation
@@ -238,21 +243,22 @@ class ChunkMetadataBuilder:
         return ChunkMetadata(cu, cu_cpu, indices, offsets, self.chunk_size, num_seqs, num_tokens, num_chunks,
                              max_seqlen, pad, generation, self, slot)
 
-    def _views_at(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        return self._views.get((slot, seqs_out, rows_out)) or self._views_for(slot, seqs_out, rows_out)
-
     def _views_for(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """Views of a ring slot sized to one build (cached: shapes repeat step after step)."""
-        if len(self._views) >= _VIEW_CACHE_LIMIT:
-            self._views.clear()
-        views = (
-            self._cu[slot, : seqs_out + 1],
-            self._indices[slot, :rows_out],
-            self._offsets[slot, : seqs_out + 1],
-            self._cu_cpu[slot, : seqs_out + 1],
-        )
-        self._views[(slot, seqs_out, rows_out)] = views
-        return views
+        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` views of a ring slot
+        sized to one build, from the two caches or made (one slice each) and cached."""
+        seq_views = self._seq_views.get((slot, seqs_out))
+        cu, indices, offsets, cu_cpu = self._slot_buffers[slot]
+        if seq_views is None:
+            if len(self._seq_views) >= _VIEW_CACHE_LIMIT:
+                self._seq_views.clear()
+            seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
+            self._seq_views[(slot, seqs_out)] = seq_views
+        row_view = self._row_views.get((slot, rows_out))
+        if row_view is None:
+            if len(self._row_views) >= _VIEW_CACHE_LIMIT:
+                self._row_views.clear()
+            row_view = self._row_views[(slot, rows_out)] = indices[:rows_out]
+        return seq_views[0], row_view, seq_views[1], seq_views[2]
 
     def _make_native_fill(self, fill, pad, dtype) -> None:
         """After the first Triton launch of a layout: the C build's constants, if it can launch it."""
@@ -284,7 +290,7 @@ class ChunkMetadataBuilder:
         slot = generation % self.ring_depth
         n, nt = step.num_seqs, step.num_chunks
         seqs_out, rows_out, pad_seq = self._out_shape(pad, n, nt)
-        views = self._views_at(slot, seqs_out, rows_out)
+        views = self._views_for(slot, seqs_out, rows_out)
         cu, indices, offsets, _ = views
 
         if n or pad is not None:

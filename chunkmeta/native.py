@@ -314,33 +314,49 @@ static PyObject *new_metadata(PyObject *const *values) {
   return md;
 }
 
-/* The four views of a slot sized (seqs_out, rows_out): from the builder's cache, else from its
-   views_for(slot, seqs_out, rows_out). A new reference, or NULL with an error. */
-static PyObject *slot_views(PyObject *cache, PyObject *views_for, int64_t slot, int64_t seqs_out,
-                            int64_t rows_out) {
-  PyObject *key = Py_BuildValue("(LLL)", (long long)slot, (long long)seqs_out, (long long)rows_out);
-  if (!key) return NULL;
-  PyObject *views = PyDict_GetItemWithError(cache, key);
-  if (views) Py_INCREF(views);
-  else if (!PyErr_Occurred()) views = PyObject_Call(views_for, key, NULL);
-  Py_DECREF(key);
-  if (views && !(PyTuple_CheckExact(views) && PyTuple_GET_SIZE(views) == 4)) {
+/* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
+   chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
+   (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu); row_cache: (slot, rows_out)
+   -> chunk_indices), else from its views_for(slot, seqs_out, rows_out). 0, or -1 with an error. */
+static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *views_for, int64_t slot,
+                      int64_t seqs_out, int64_t rows_out, PyObject **out) {
+  PyObject *seq_key = Py_BuildValue("(LL)", (long long)slot, (long long)seqs_out);
+  PyObject *row_key = Py_BuildValue("(LL)", (long long)slot, (long long)rows_out);
+  PyObject *seqs = NULL, *rows = NULL;
+  if (seq_key && row_key) {
+    seqs = PyDict_GetItemWithError(seq_cache, seq_key);
+    if (seqs && !(PyTuple_CheckExact(seqs) && PyTuple_GET_SIZE(seqs) == 3)) seqs = NULL;
+    if (!PyErr_Occurred()) rows = PyDict_GetItemWithError(row_cache, row_key);
+  }
+  Py_XDECREF(seq_key);
+  Py_XDECREF(row_key);
+  if (PyErr_Occurred()) return -1;
+  if (seqs && rows) {
+    PyObject *found[4] = {PyTuple_GET_ITEM(seqs, 0), rows, PyTuple_GET_ITEM(seqs, 1), PyTuple_GET_ITEM(seqs, 2)};
+    for (int i = 0; i < 4; i++) out[i] = Py_NewRef(found[i]);
+    return 0;
+  }
+  PyObject *views = PyObject_CallFunction(views_for, "LLL", (long long)slot, (long long)seqs_out, (long long)rows_out);
+  if (!views) return -1;
+  if (!(PyTuple_CheckExact(views) && PyTuple_GET_SIZE(views) == 4)) {
     Py_DECREF(views);
     PyErr_SetString(PyExc_TypeError, "views_for must return a 4-tuple");
-    return NULL;
+    return -1;
   }
-  return views;
+  for (int i = 0; i < 4; i++) out[i] = Py_NewRef(PyTuple_GET_ITEM(views, i));
+  Py_DECREF(views);
+  return 0;
 }
 
 /* build(fill, host_address, host_len, is64, first_seq, num_seqs, qsl, slot, stream, generation,
-         lease, views_cache, views_for) -> ChunkMetadata, or an int: -1 when the input is invalid
+         lease, seq_cache, row_cache, views_for) -> ChunkMetadata, or an int: -1 when the input is invalid
    (first_seq not an int, num_seqs neither None nor an int >= 0, a bad slice or offsets: nothing
    was launched or written, and the caller re-plans slowly for the precise error), or the
    CUresult of a failed launch (nothing written on the host). num_seqs None: the rest of the
    batch. The result is made before the launch, so nothing can fail once the slot is written. */
 static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 13) {
-    PyErr_SetString(PyExc_TypeError, "build takes 13 arguments");
+  if (nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "build takes 14 arguments");
     return NULL;
   }
   if (!metadata_type) {
@@ -373,19 +389,18 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   int64_t seqs_out = f->seqs_out < 0 ? n : f->seqs_out;
   int64_t rows_out = f->rows_out < 0 ? p.chunks : f->rows_out;
 
-  PyObject *views = slot_views(args[11], args[12], slot, seqs_out, rows_out);
-  if (!views) return NULL;
+  PyObject *views[4];
+  if (slot_views(args[11], args[12], args[13], slot, seqs_out, rows_out, views)) return NULL;
   PyObject *ints[6] = {PyLong_FromLongLong(1LL << f->shift), PyLong_FromLongLong(n), PyLong_FromLongLong(tokens),
                        PyLong_FromLongLong(p.chunks), PyLong_FromLongLong(p.longest), PyLong_FromLongLong(slot)};
   PyObject *md = NULL;
   if (ints[0] && ints[1] && ints[2] && ints[3] && ints[4] && ints[5]) {
-    PyObject *values[NUM_FIELDS] = {PyTuple_GET_ITEM(views, 0), PyTuple_GET_ITEM(views, 3), PyTuple_GET_ITEM(views, 1),
-                                    PyTuple_GET_ITEM(views, 2), ints[0], ints[1], ints[2], ints[3], ints[4],
-                                    f->padding, args[9], args[10], ints[5]};
+    PyObject *values[NUM_FIELDS] = {views[0], views[3], views[1], views[2], ints[0], ints[1], ints[2],
+                                    ints[3],  ints[4],  f->padding, args[9], args[10], ints[5]};
     md = new_metadata(values);
   }
   for (int i = 0; i < 6; i++) Py_XDECREF(ints[i]);
-  Py_DECREF(views);
+  for (int i = 0; i < 4; i++) Py_DECREF(views[i]);
   if (!md) return NULL;
 
   if (f->function && (n > 0 || f->seqs_out >= 0)) {

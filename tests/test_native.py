@@ -31,22 +31,23 @@ def host_only_fill(cu_host: torch.Tensor, padded_seqs: int | None):
 
 
 class Views:
-    """A builder's view cache: the C build asks it for (slot, seqs_out, rows_out) views."""
+    """A builder's view caches: the C build looks views up there, or asks views_for."""
 
     def __init__(self):
-        self.cache, self.asked = {}, []
+        self.seq_cache, self.row_cache, self.asked = {}, {}, []
 
     def views_for(self, slot, seqs_out, rows_out):
         self.asked.append((slot, seqs_out, rows_out))
-        views = tuple(torch.zeros(k) for k in (seqs_out + 1, rows_out, seqs_out + 1, seqs_out + 1))
-        self.cache[(slot, seqs_out, rows_out)] = views
-        return views
+        cu, indices, offsets, cu_cpu = (torch.zeros(k) for k in (seqs_out + 1, rows_out, seqs_out + 1, seqs_out + 1))
+        self.seq_cache[(slot, seqs_out)] = (cu, offsets, cu_cpu)
+        self.row_cache[(slot, rows_out)] = indices
+        return cu, indices, offsets, cu_cpu
 
 
 def c_build(fill, host, first_seq, num_seqs, slot, views=None, generation=5, lease=None):
     views = views or Views()
     return compiled.build(fill, plan.host_address(host), host.shape[0], host.itemsize == 8, first_seq, num_seqs, 0,
-                          slot, 0, generation, lease, views.cache, views.views_for)
+                          slot, 0, generation, lease, views.seq_cache, views.row_cache, views.views_for)
 
 
 @settings(max_examples=500, deadline=None)
@@ -77,7 +78,12 @@ def test_c_build_matches_the_plan(host, padded, data):
     cu, cu_cpu, indices, offsets = (result.cu_seqlens, result.cu_seqlens_cpu, result.chunk_indices,
                                     result.chunk_offsets)
     assert views.asked == [(slot, seqs_out, rows_out)]
-    assert (cu, indices, offsets, cu_cpu) == views.cache[(slot, seqs_out, rows_out)]
+    assert all(a is b for a, b in zip((cu, offsets, cu_cpu), views.seq_cache[(slot, seqs_out)]))
+    assert indices is views.row_cache[(slot, rows_out)]
+    # the same sizes again: from the caches, views_for is not asked
+    again = c_build(fill, host, first_seq, num_seqs, slot, views)
+    assert views.asked == [(slot, seqs_out, rows_out)]
+    assert again.cu_seqlens is cu and again.chunk_indices is indices
     n = step.num_seqs
     expected = (step.segment - step.segment[0]).tolist()
     if padded:

@@ -90,7 +90,9 @@ class ChunkMetadataBuilder:
 
         self._fills: dict[bool, object] = {}
         # Output views, cached in two parts: steps repeat sequence counts far more often than
-        # row counts, and a view costs a microsecond or more to make.
+        # row counts, and a view costs a microsecond or more to make. Sequence counts are
+        # bounded by the capacity, so that cache keeps every size; row counts are not, so that
+        # one is cleared when it reaches _VIEW_CACHE_LIMIT entries.
         self._seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
         self._row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
         self._slot_buffers = [(self._cu[k], self._indices[k], self._offsets[k], self._cu_cpu[k])
@@ -248,9 +250,7 @@ class ChunkMetadataBuilder:
         sized to one build, from the two caches or made (one slice each) and cached."""
         seq_views = self._seq_views.get((slot, seqs_out))
         cu, indices, offsets, cu_cpu = self._slot_buffers[slot]
-        if seq_views is None:
-            if len(self._seq_views) >= _VIEW_CACHE_LIMIT:
-                self._seq_views.clear()
+        if seq_views is None:  # at most ring_depth * (max_num_seqs + 2) entries: never cleared
             seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
             self._seq_views[(slot, seqs_out)] = seq_views
         row_view = self._row_views.get((slot, rows_out))

@@ -1,5 +1,6 @@
 """Kernel launch configurations swept on one GPU: device µs per build for each (BLOCK_ROWS,
-num_warps), per workload and builder capacity. This is how TritonFill's defaults were chosen.
+num_warps, SCAN_COLS), per workload and builder capacity. This is how TritonFill's defaults were
+chosen.
 
     python bench/kernel_sweep.py
 """
@@ -27,6 +28,16 @@ def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     return median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)]), ok
 
 
+def no_search_us(fill, tensors) -> float:
+    """Where the time goes: the same launch without its row search (its rows are wrong)."""
+    no_search = TritonFill(chunk_size=64, block_seqs=fill.block_seqs, padded=False, params_on_device=False,
+                           block_rows=fill.block_rows, num_warps=fill.num_warps,
+                           scan_cols=fill.constexprs["SCAN_COLS"])
+    no_search.constexprs["LOG2_BLOCK_SEQS"] = 0
+    no_search._constexpr_values = tuple(no_search.constexprs.values())
+    return time_fill(no_search, *tensors, None)[0]
+
+
 def main() -> int:
     print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first")
     for num_seqs, num_tokens, capacity in CASES:
@@ -38,26 +49,24 @@ def main() -> int:
         offsets = torch.zeros(capacity + 2, dtype=torch.int64, device="cuda")
         indices = torch.zeros(nt + 8, 2, dtype=torch.int32, device="cuda")
         params = torch.zeros(2, dtype=torch.int32, device="cuda")
+        tensors = (qsl, params, cu, indices, offsets, num_seqs, nt)
         results = []
-        for block_rows in (64, 128, 256, 512, 1024):
+        for block_rows in (128, 256, 512):
             for num_warps in (4, 8):
-                fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                                  block_rows=block_rows, num_warps=num_warps)
-                results.append((time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref),
-                                block_rows, num_warps))
-        # where the time goes: the default launch without its row search (its rows are wrong)
-        default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
-        no_search = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                               block_rows=default.block_rows, num_warps=default.num_warps)
-        no_search.constexprs["LOG2_BLOCK_SEQS"] = 0
-        no_search._constexpr_values = tuple(no_search.constexprs.values())
-        diag = time_fill(no_search, qsl, params, cu, indices, offsets, num_seqs, nt, None)[0]
+                for scan_cols in (1, 4, 16, 32):
+                    fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                                      block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
+                    results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
         results.sort()
-        chosen = time_fill(default, qsl, params, cu, indices, offsets, num_seqs, nt, ref)
+        default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
+        chosen = time_fill(default, *tensors, ref)
+        wide = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                          block_rows=default.block_rows, num_warps=default.num_warps, scan_cols=16)
         print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
-              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps} "
-              f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {diag:.2f}) | "
-              + "  ".join(f"{br}/{nw}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), br, nw in results[:8]))
+              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps}/scan_cols={default.constexprs['SCAN_COLS']} "
+              f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {no_search_us(default, tensors):.2f}; "
+              f"with scan_cols=16: {no_search_us(wide, tensors):.2f}) | "
+              + "  ".join(f"{config}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), config in results[:10]))
     return 0
 
 

@@ -18,7 +18,7 @@ from chunkmeta.kernels import TritonFill  # noqa: E402  (after the skip: this im
 CAPACITY = 64
 
 
-def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0):
+def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1):
     qsl = torch.tensor(batch.query_start_loc, dtype=torch.int64)
     ref = reference.chunk_metadata(batch.query_start_loc, chunk_size, batch.first_seq, batch.num_seqs)
     seqs_out = CAPACITY + 1 if padded else ref.num_seqs
@@ -30,7 +30,7 @@ def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0):
     offsets = torch.full((CAPACITY + 2,), 7, dtype=torch.int64)
     offsets[0] = 0
     fill = TritonFill(chunk_size=chunk_size, block_seqs=CAPACITY, padded=padded, params_on_device=False,
-                      block_rows=block_rows, num_warps=1)
+                      block_rows=block_rows, num_warps=1, scan_cols=scan_cols)
     fill(qsl, torch.zeros(2, dtype=torch.int32), cu, indices, offsets, batch.first_seq, ref.num_seqs, rows_out,
          seqs_out, pad_seq)
     if padded:
@@ -43,15 +43,17 @@ def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 2, 4, 16]))
-def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows):
+@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 2, 4, 16]),
+       scan_cols=st.sampled_from([1, 2, 8, CAPACITY]))
+def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows, scan_cols):
+    """Every scan tile shape too: one column (a 1-D scan) up to one row of all 64 lanes."""
     batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
-    run_fill(batch, chunk_size, block_rows, padded=False)
+    run_fill(batch, chunk_size, block_rows, padded=False, scan_cols=scan_cols)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 4, 8]),
-       pad_seq=st.sampled_from([-1, CAPACITY]))
-def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, pad_seq):
+       pad_seq=st.sampled_from([-1, CAPACITY]), scan_cols=st.sampled_from([1, 4]))
+def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, pad_seq, scan_cols):
     batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
-    run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq)
+    run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq, scan_cols=scan_cols)

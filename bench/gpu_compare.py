@@ -165,8 +165,8 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
         "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
                                                      n, 0),
         "Python plan alone": lambda: b._plan(0, None),
-        "ChunkMetadata(...), general path only": lambda: chunkmeta.ChunkMetadata(case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt,
-                                                             1, False, 1, b, 0),
+        "ChunkMetadata(...), general path only": lambda: chunkmeta.ChunkMetadata(
+            case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt, 1, False, 1, b, 0),
         "empty python call": lambda: None,
     }
     out = {}

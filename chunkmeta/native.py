@@ -186,8 +186,9 @@ static PyObject *py_bind_cuda(PyObject *self, PyObject *unused) {
 /* make_fill(function, block_rows, num_warps, shared, shift, cap_seqs, cap_tokens, cap_rows,
              seqs_out, rows_out, pad_seq, params, slots, padding) -> capsule, or None if the
    kernel's parameters are not the layout this file packs. slots: sequence of (cu, indices,
-   offsets, cu_host address); padding: the layout's ChunkMetadata.padding. function 0 makes a fill that launches nothing: the host side alone, which
-   is how CPU tests check the C checks and host copy against the Python plan. */
+   offsets, cu_host address); padding: the layout's ChunkMetadata.padding. function 0 makes a
+   fill that launches nothing: the host side alone, which is how CPU tests check the C checks
+   and host copy against the Python plan. */
 static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   long long a[12];
   if (nargs != 14) {
@@ -377,7 +378,8 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   int64_t requests = a[1] - 1, first = first_seq, n = num_seqs, slot = b[1];
   int is64 = (int)a[2];
   if (n < 0) n = requests - first;
-  if (first < 0 || first > requests || n < 0 || first + n > requests || n > f->cap_seqs || slot < 0 ||
+  /* n is bounded by the capacity before first + n is formed, so the sum cannot overflow */
+  if (first < 0 || first > requests || n < 0 || n > f->cap_seqs || first + n > requests || slot < 0 ||
       slot >= f->slots)
     return PyLong_FromLong(-1);
   const void *q = host + first * (is64 ? 8 : 4);

@@ -159,8 +159,8 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
         "build, engine pattern (new N-sequence batch each call, as fresh views)": (
             lambda: b.build(*steps[next(turn) % len(steps)])),
         "C build (plan + ChunkMetadata + launch + host copy)": (
-            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b, b._seq_views,
-                                     b._row_views, b._views_for))
+            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b,
+                                     b._seq_views, b._row_views, b._cached_views))
             if native_fill else None),
         "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
                                                      n, 0),

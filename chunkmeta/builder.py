@@ -33,7 +33,7 @@ from chunkmeta.torch_fill import fill_torch
 BACKENDS = ("auto", "triton", "torch")
 _INT_DTYPES = (torch.int32, torch.int64)
 PADS = ("tail", "negative")
-_VIEW_CACHE_LIMIT = 4096
+_VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -89,10 +89,13 @@ class ChunkMetadataBuilder:
                            for k in range(ring_depth)]
 
         self._fills: dict[bool, object] = {}
-        # Output views, cached in two parts: steps repeat sequence counts far more often than
-        # row counts, and a view costs a microsecond or more to make. Sequence counts are
-        # bounded by the capacity, so that cache keeps every size; row counts are not, so that
-        # one is cleared when it reaches _VIEW_CACHE_LIMIT entries.
+        # Output views, cached by sequence count and by row count (a view costs a microsecond
+        # or more to make; steps repeat sequence counts far more often than row counts); each
+        # cache is cleared when it reaches _VIEW_CACHE_LIMIT. cu_seqlens and cu_seqlens_cpu are
+        # handed out as new objects every build all the same (a detach() of the cached view, a
+        # third of a slice's cost): FLA memoizes its helpers (prepare_lens,
+        # prepare_chunk_indices, ...) by argument identity, so a reused object would get an
+        # earlier step's answer.
         self._seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
         self._row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
         self._slot_buffers = [(self._cu[k], self._indices[k], self._offsets[k], self._cu_cpu[k])
@@ -223,7 +226,7 @@ class ChunkMetadataBuilder:
         metadata = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64,
                                       first_seq, num_seqs, query_start_loc.data_ptr(), slot,
                                       torch._C._cuda_getCurrentRawStream(self._device_index), generation, self,
-                                      self._seq_views, self._row_views, self._views_for)
+                                      self._seq_views, self._row_views, self._cached_views)
         if type(metadata) is int:
             return None
         self._builds = generation
@@ -246,19 +249,26 @@ class ChunkMetadataBuilder:
                              max_seqlen, pad, generation, self, slot)
 
     def _views_for(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` views of a ring slot
-        sized to one build, from the two caches or made (one slice each) and cached."""
-        seq_views = self._seq_views.get((slot, seqs_out))
+        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` of a ring slot sized to
+        one build, with new ``cu_seqlens`` objects (see ``__init__``)."""
+        cu, indices, offsets, cu_cpu = self._cached_views(slot, seqs_out, rows_out)
+        return cu.detach(), indices, offsets, cu_cpu.detach()
+
+    def _cached_views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
+        """The same four views from the two caches, made (one slice each) on a miss."""
         cu, indices, offsets, cu_cpu = self._slot_buffers[slot]
-        if seq_views is None:  # at most ring_depth * (max_num_seqs + 2) entries: never cleared
+        seq_views = self._seq_views.get((slot, seqs_out))
+        if seq_views is None:
+            if len(self._seq_views) >= _VIEW_CACHE_LIMIT:
+                self._seq_views.clear()
             seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
             self._seq_views[(slot, seqs_out)] = seq_views
-        row_view = self._row_views.get((slot, rows_out))
-        if row_view is None:
+        rows = self._row_views.get((slot, rows_out))
+        if rows is None:
             if len(self._row_views) >= _VIEW_CACHE_LIMIT:
                 self._row_views.clear()
-            row_view = self._row_views[(slot, rows_out)] = indices[:rows_out]
-        return seq_views[0], row_view, seq_views[1], seq_views[2]
+            rows = self._row_views[(slot, rows_out)] = indices[:rows_out]
+        return seq_views[0], rows, seq_views[1], seq_views[2]
 
     def _make_native_fill(self, fill, pad, dtype) -> None:
         """After the first Triton launch of a layout: the C build's constants, if it can launch it."""

@@ -136,6 +136,10 @@ static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, lo
 static PyObject *py_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   long long a[4];
   if (int_args(args, nargs, 4, a)) return NULL;
+  if (a[1] < 0 || a[3] < 0 || a[3] > 31) {
+    PyErr_SetString(PyExc_ValueError, "plan: n >= 0 and 0 <= shift <= 31");
+    return NULL;
+  }
   Plan p = plan_any((const void *)(uintptr_t)a[0], (int)a[2], a[1], (int)a[3]);
   return Py_BuildValue("(LLL)", (long long)p.bad, (long long)p.chunks, (long long)p.longest);
 }
@@ -196,6 +200,10 @@ static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t 
     return NULL;
   }
   if (int_args(args, 12, 12, a)) return NULL;
+  if (a[1] < 1 || a[2] < 1 || a[4] < 0 || a[4] > 31) {
+    PyErr_SetString(PyExc_ValueError, "make_fill: block_rows >= 1, num_warps >= 1, 0 <= shift <= 31");
+    return NULL;
+  }
   void *function = (void *)(uintptr_t)a[0];
   if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
   /* the expected layout: 5 pointers, 5 int32, then only 8-byte (scratch pointer) parameters */
@@ -318,12 +326,14 @@ static PyObject *new_metadata(PyObject *const *values) {
 /* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
    chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
    (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu); row_cache: (slot, rows_out)
-   -> chunk_indices), else from its views_for(slot, seqs_out, rows_out). 0, or -1 with an error. */
-static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *views_for, int64_t slot,
+   -> chunk_indices), else from its cached_views(slot, seqs_out, rows_out). cu_seqlens and
+   cu_seqlens_cpu are handed out as new objects (a detach() of the cached view): FLA memoizes its
+   helpers by argument identity. 0, or -1 with an error. */
+static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *cached_views, int64_t slot,
                       int64_t seqs_out, int64_t rows_out, PyObject **out) {
   PyObject *seq_key = Py_BuildValue("(LL)", (long long)slot, (long long)seqs_out);
   PyObject *row_key = Py_BuildValue("(LL)", (long long)slot, (long long)rows_out);
-  PyObject *seqs = NULL, *rows = NULL;
+  PyObject *seqs = NULL, *rows = NULL, *cached[4];
   if (seq_key && row_key) {
     seqs = PyDict_GetItemWithError(seq_cache, seq_key);
     if (seqs && !(PyTuple_CheckExact(seqs) && PyTuple_GET_SIZE(seqs) == 3)) seqs = NULL;
@@ -332,25 +342,41 @@ static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *views_
   Py_XDECREF(seq_key);
   Py_XDECREF(row_key);
   if (PyErr_Occurred()) return -1;
+  PyObject *made = NULL;
   if (seqs && rows) {
-    PyObject *found[4] = {PyTuple_GET_ITEM(seqs, 0), rows, PyTuple_GET_ITEM(seqs, 1), PyTuple_GET_ITEM(seqs, 2)};
-    for (int i = 0; i < 4; i++) out[i] = Py_NewRef(found[i]);
-    return 0;
+    cached[0] = PyTuple_GET_ITEM(seqs, 0);
+    cached[1] = rows;
+    cached[2] = PyTuple_GET_ITEM(seqs, 1);
+    cached[3] = PyTuple_GET_ITEM(seqs, 2);
+  } else {
+    made = PyObject_CallFunction(cached_views, "LLL", (long long)slot, (long long)seqs_out, (long long)rows_out);
+    if (!made) return -1;
+    if (!(PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 4)) {
+      Py_DECREF(made);
+      PyErr_SetString(PyExc_TypeError, "cached_views must return a 4-tuple");
+      return -1;
+    }
+    for (int i = 0; i < 4; i++) cached[i] = PyTuple_GET_ITEM(made, i);
   }
-  PyObject *views = PyObject_CallFunction(views_for, "LLL", (long long)slot, (long long)seqs_out, (long long)rows_out);
-  if (!views) return -1;
-  if (!(PyTuple_CheckExact(views) && PyTuple_GET_SIZE(views) == 4)) {
-    Py_DECREF(views);
-    PyErr_SetString(PyExc_TypeError, "views_for must return a 4-tuple");
+  for (int i = 0; i < 4; i++) Py_INCREF(cached[i]); /* held across the detach() calls below */
+  Py_XDECREF(made);
+  static PyObject *detach = NULL;
+  if (!detach) detach = PyUnicode_InternFromString("detach");
+  out[0] = detach ? PyObject_CallMethodNoArgs(cached[0], detach) : NULL;
+  out[3] = out[0] ? PyObject_CallMethodNoArgs(cached[3], detach) : NULL;
+  out[1] = cached[1];
+  out[2] = cached[2];
+  Py_DECREF(cached[0]);
+  Py_DECREF(cached[3]);
+  if (!out[0] || !out[3]) {
+    for (int i = 0; i < 4; i++) Py_XDECREF(out[i]);
     return -1;
   }
-  for (int i = 0; i < 4; i++) out[i] = Py_NewRef(PyTuple_GET_ITEM(views, i));
-  Py_DECREF(views);
   return 0;
 }
 
 /* build(fill, host_address, host_len, is64, first_seq, num_seqs, qsl, slot, stream, generation,
-         lease, seq_cache, row_cache, views_for) -> ChunkMetadata, or an int: -1 when the input is invalid
+         lease, seq_cache, row_cache, cached_views) -> ChunkMetadata, or an int: -1 when the input is invalid
    (first_seq not an int, num_seqs neither None nor an int >= 0, a bad slice or offsets: nothing
    was launched or written, and the caller re-plans slowly for the precise error), or the
    CUresult of a failed launch (nothing written on the host). num_seqs None: the rest of the

@@ -168,6 +168,27 @@ def test_same_host_tensor_mutated_between_steps():
 
 
 
+@pytest.mark.parametrize("pad", [None, "tail"])
+def test_cu_seqlens_are_new_objects_every_build(pad):
+    """FLA memoizes its helpers (prepare_lens, prepare_chunk_indices, ...) by argument identity:
+    a cu_seqlens object handed out again with new contents would get an earlier step's answer.
+    Same sizes in the same ring slot (builds 2 and 6 here, and 3-5) must still be new objects."""
+    fla_index = pytest.importorskip("fla.ops.utils.index")
+    builder = ChunkMetadataBuilder(8, 4096, device="cpu", backend="torch", ring_depth=4)
+    seen = []
+    for lengths in ([100, 50], [10], [10], [10], [300, 1], [7, 9]):
+        batch = from_lengths(lengths)
+        qsl, qsl_cpu = tensors_for(batch)
+        md = builder.build(qsl, qsl_cpu) if pad is None else builder.build_padded(qsl, qsl_cpu, pad=pad)
+        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu
+                   for old in seen)
+        seen.append(md)
+        if pad is None:  # FLA's helper on the exact layout: this step's rows, not a cached step's
+            rows = fla_index.prepare_chunk_indices(md.cu_seqlens, 16)
+            want = chunkmeta.reference.chunk_metadata(batch.query_start_loc, 16).chunk_indices
+            assert [tuple(r) for r in rows.tolist()] == want
+
+
 def test_fresh_views_of_persistent_buffers_each_step():
     """Engines slice their persistent buffers every step: prefix views (accepted from tensor
     attributes, no numpy view unless the Python plan runs), and a strided host view (numpy)."""

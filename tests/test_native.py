@@ -31,12 +31,12 @@ def host_only_fill(cu_host: torch.Tensor, padded_seqs: int | None):
 
 
 class Views:
-    """A builder's view caches: the C build looks views up there, or asks views_for."""
+    """A builder's view caches, as the C build uses them."""
 
     def __init__(self):
         self.seq_cache, self.row_cache, self.asked = {}, {}, []
 
-    def views_for(self, slot, seqs_out, rows_out):
+    def cached_views(self, slot, seqs_out, rows_out):
         self.asked.append((slot, seqs_out, rows_out))
         cu, indices, offsets, cu_cpu = (torch.zeros(k) for k in (seqs_out + 1, rows_out, seqs_out + 1, seqs_out + 1))
         self.seq_cache[(slot, seqs_out)] = (cu, offsets, cu_cpu)
@@ -47,7 +47,7 @@ class Views:
 def c_build(fill, host, first_seq, num_seqs, slot, views=None, generation=5, lease=None):
     views = views or Views()
     return compiled.build(fill, plan.host_address(host), host.shape[0], host.itemsize == 8, first_seq, num_seqs, 0,
-                          slot, 0, generation, lease, views.seq_cache, views.row_cache, views.views_for)
+                          slot, 0, generation, lease, views.seq_cache, views.row_cache, views.cached_views)
 
 
 @settings(max_examples=500, deadline=None)
@@ -79,12 +79,17 @@ def test_c_build_matches_the_plan(host, padded, data):
     cu, cu_cpu, indices, offsets = (result.cu_seqlens, result.cu_seqlens_cpu, result.chunk_indices,
                                     result.chunk_offsets)
     assert views.asked == [(slot, seqs_out, rows_out)]
-    assert all(a is b for a, b in zip((cu, offsets, cu_cpu), views.seq_cache[(slot, seqs_out)]))
-    assert indices is views.row_cache[(slot, rows_out)]
-    # the same sizes again: from the caches, views_for is not asked
+    cached_cu, cached_offsets, cached_cu_cpu = views.seq_cache[(slot, seqs_out)]
+    assert indices is views.row_cache[(slot, rows_out)] and offsets is cached_offsets
+    # cu_seqlens and cu_seqlens_cpu: new objects over the cached views' memory (FLA memoizes its
+    # helpers by argument identity)
+    assert cu is not cached_cu and cu.data_ptr() == cached_cu.data_ptr() and cu.shape == cached_cu.shape
+    assert cu_cpu is not cached_cu_cpu and cu_cpu.data_ptr() == cached_cu_cpu.data_ptr()
+    # the same sizes again: from the caches (cached_views is not asked), cu_seqlens new again
     again = c_build(fill, host, first_seq, num_seqs, slot, views)
     assert views.asked == [(slot, seqs_out, rows_out)]
-    assert again.cu_seqlens is cu and again.chunk_indices is indices
+    assert again.chunk_indices is indices and again.chunk_offsets is offsets
+    assert again.cu_seqlens is not cu and again.cu_seqlens_cpu is not cu_cpu
     n = step.num_seqs
     expected = (step.segment - step.segment[0]).tolist()
     if padded:
@@ -101,8 +106,9 @@ def test_c_build_rejects_a_slot_outside_the_ring():
 
 @pytest.mark.parametrize("first_seq, num_seqs", [(True, None), (np.int64(0), None), (0.0, None), (0, False),
                                                   (0, np.int32(1)), (0, -1), (0, 1.0)])
-def test_c_build_leaves_non_int_arguments_to_the_general_path(first_seq, num_seqs):
-    """Only exact ints (and None for num_seqs) are taken; the general path checks the rest."""
+def test_c_build_leaves_non_int_or_negative_arguments_to_the_general_path(first_seq, num_seqs):
+    """Only exact ints (and None for num_seqs), num_seqs >= 0, are taken; the general path checks
+    the rest."""
     cu_host = torch.full((2, CAP.seqs + 2), SENTINEL, dtype=torch.int32)
     assert c_build(host_only_fill(cu_host, None), np.array([0, 5], dtype=np.int32), first_seq, num_seqs, 0) == -1
     assert (cu_host == SENTINEL).all()
@@ -199,6 +205,9 @@ def test_builder_hot_path_on_the_host(monkeypatch):
         assert (md.num_seqs, md.num_tokens, md.num_chunks, md.padding) == (ref.num_seqs, ref.num_tokens,
                                                                             ref.num_chunks, pad)
         assert md.generation == builder.builds == k + 1
+        # new cu_seqlens objects every build (FLA memoizes its helpers by argument identity)
+        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu
+                   for old in kept)
         kept.append(md)
     assert counting.builds == 30
     assert [md.is_live for md in kept[-builder.ring_depth - 1:]] == [False] + [True] * builder.ring_depth

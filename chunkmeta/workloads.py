@@ -35,9 +35,17 @@ def split_tokens(rng: np.random.Generator, num_seqs: int, num_tokens: int) -> li
     """``num_seqs`` lengths >= 1 summing to ``num_tokens`` (uneven, like real prompts)."""
     if num_seqs == 1:
         return [num_tokens]
+    if num_tokens < num_seqs:
+        raise ValueError(f"{num_tokens} tokens cannot give {num_seqs} sequences of at least one token")
     weights = rng.lognormal(0.0, 1.0, num_seqs)
     lengths = np.maximum(1, np.floor(weights / weights.sum() * num_tokens)).astype(np.int64)
     lengths[np.argmax(lengths)] += num_tokens - int(lengths.sum())
+    if lengths.min() < 1:
+        # With few tokens per sequence, rounding every share up to 1 overdraws the budget: give
+        # each sequence its one token first and share out the rest. (Kept as a fallback so that
+        # the batches the benchmarks recorded stay the same.)
+        lengths = 1 + np.floor(weights / weights.sum() * (num_tokens - num_seqs)).astype(np.int64)
+        lengths[np.argmax(lengths)] += num_tokens - int(lengths.sum())
     return lengths.tolist()
 
 

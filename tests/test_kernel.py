@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chunkmeta import reference
+from chunkmeta.workloads import from_lengths
 from strategies import CHUNK_SIZES, batches
 
 pytest.importorskip("triton")
@@ -18,19 +19,21 @@ from chunkmeta.kernels import TritonFill  # noqa: E402  (after the skip: this im
 CAPACITY = 64
 
 
-def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1):
+def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1, capacity=CAPACITY, num_warps=1):
     qsl = torch.tensor(batch.query_start_loc, dtype=torch.int64)
     ref = reference.chunk_metadata(batch.query_start_loc, chunk_size, batch.first_seq, batch.num_seqs)
-    seqs_out = CAPACITY + 1 if padded else ref.num_seqs
-    rows_out = ref.num_chunks + 2 * block_rows + 3 if padded else ref.num_chunks
-    # stale values from an earlier step must not leak into this one
-    cu = torch.full((CAPACITY + 2,), 7, dtype=torch.int32)
+    # the builder's padded sequence counts: max_num_seqs + 1 ("tail"), max_num_seqs ("negative")
+    seqs_out = (capacity if pad_seq < 0 else capacity + 1) if padded else ref.num_seqs
+    rows_out = ref.num_chunks + 2 * (block_rows or 256) + 3 if padded else ref.num_chunks
+    # stale values from an earlier step must not leak into this one, and nothing past the
+    # sizes may be written
+    cu = torch.full((capacity + 4,), 7, dtype=torch.int32)
     cu[0] = 0
     indices = torch.full((rows_out + 5, 2), 99, dtype=torch.int32)
-    offsets = torch.full((CAPACITY + 2,), 7, dtype=torch.int64)
+    offsets = torch.full((capacity + 4,), 7, dtype=torch.int64)
     offsets[0] = 0
-    fill = TritonFill(chunk_size=chunk_size, block_seqs=CAPACITY, padded=padded, params_on_device=False,
-                      block_rows=block_rows, num_warps=1, scan_cols=scan_cols)
+    fill = TritonFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, params_on_device=False,
+                      block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
     fill(qsl, torch.zeros(2, dtype=torch.int32), cu, indices, offsets, batch.first_seq, ref.num_seqs, rows_out,
          seqs_out, pad_seq)
     if padded:
@@ -40,6 +43,7 @@ def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1):
     assert offsets[: seqs_out + 1].tolist() == ref.chunk_offsets
     assert [tuple(r) for r in indices[:rows_out].tolist()] == ref.chunk_indices
     assert indices[rows_out:].eq(99).all(), "a row past num_rows was written"
+    assert cu[seqs_out + 1:].eq(7).all() and offsets[seqs_out + 1:].eq(7).all(), "an entry past seqs_out was written"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,3 +61,19 @@ def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows, sc
 def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, pad_seq, scan_cols):
     batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
     run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq, scan_cols=scan_cols)
+
+
+@pytest.mark.parametrize("capacity", [1000, 1024, 2048])
+@pytest.mark.parametrize("padded, pad_seq", [(False, 0), (True, -1), (True, None)])
+def test_default_launch_shapes(capacity, padded, pad_seq):
+    """The launchers' own defaults (256-row blocks, 8 warps, 4-wide scan tile rows from 1024
+    sequences), on batches from empty to full capacity."""
+    import numpy as np
+
+    from chunkmeta.workloads import random_decode_first, workload
+
+    pad_seq = capacity if pad_seq is None else pad_seq
+    rng = np.random.default_rng(capacity)
+    for batch in (workload(capacity, 40 * capacity, seed=1), workload(capacity - 1, 3000, seed=2),
+                  random_decode_first(rng, capacity, 20 * capacity), from_lengths([])):
+        run_fill(batch, 64, None, padded, pad_seq, scan_cols=None, capacity=capacity, num_warps=None)

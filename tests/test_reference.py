@@ -46,3 +46,17 @@ def test_padded_layout():
     assert r.chunk_offsets == [0, 1, 2, 2, 2]
     assert r.chunk_indices == [(0, 0), (1, 0), (3, 0), (3, 0), (3, 0)]
     assert r.num_chunks == 2
+
+
+def test_workload_lengths_are_at_least_one_and_sum_to_the_tokens():
+    """The benchmark's batches: valid at every tokens-per-sequence ratio, down to one."""
+    import numpy as np
+    import pytest
+
+    from chunkmeta.workloads import split_tokens
+
+    for num_seqs, num_tokens in [(1, 5), (2047, 3000), (4096, 4096), (1000, 1001), (128, 4096), (1024, 65536)]:
+        lengths = split_tokens(np.random.default_rng(2), num_seqs, num_tokens)
+        assert len(lengths) == num_seqs and sum(lengths) == num_tokens and min(lengths) >= 1
+    with pytest.raises(ValueError):
+        split_tokens(np.random.default_rng(0), 10, 9)

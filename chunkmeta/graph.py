@@ -16,6 +16,11 @@ The split matches engines' graph runners: ``launch()`` is the in-graph part (cap
 it eagerly), ``prepare()`` the out-of-graph part (host validation, host counts, the params copy),
 run before every replay. The kernel finds N, T and NT on the device, so the graph is valid for
 every batch that fits the capacity. Nothing allocates or synchronizes per step.
+
+The metadata's tensors are therefore the same objects every step. FLA memoizes helpers such as
+``prepare_lens`` by argument identity, so outside the captured region they must not be called
+on these tensors (or ``FLA_DISABLE_TENSOR_CACHE=1``); the eager builder hands out new
+``cu_seqlens`` objects every build for this reason.
 """
 
 from __future__ import annotations

@@ -50,14 +50,14 @@ _SOURCE = r"""
 #include <stdint.h>
 
 /* ---- the plan: sum of cdiv(len_i, 2^shift), max len_i, first decreasing index ---------- */
-/* The main loops are branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
+/* The loops are branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
    them; only a bad step pays the second loop that finds the index. Differences are taken in
-   unsigned arithmetic: offsets anywhere in the dtype (a caller's garbage included) never
-   overflow a signed value, and with no decrease every difference is a true length.
-   int32 offsets are planned in 32-bit lanes: with no decrease the lengths sum to q[n] - q[0]
-   < 2^32, so no sum wraps, and a step with a decrease is rejected whatever the sums read.
-   On x86-64 the loops are also built for AVX2 (picked at load time): the baseline SSE2 has no
-   32-bit unsigned max, and scalar code costs ~1 ns per sequence. */
+   unsigned lanes as wide as the offsets: offsets anywhere in the dtype (a caller's garbage
+   included) never overflow a signed value, and with no decrease every difference is a true
+   length. For int32 offsets that means 32-bit lanes: with no decrease the lengths sum to
+   q[n] - q[0] < 2^32, so no sum wraps, and a step with a decrease is rejected whatever the sums
+   read. On x86-64 the loops are also built for AVX2 (picked at load time): the baseline SSE2 has
+   no 32-bit unsigned max, and scalar code costs ~1 ns per sequence. */
 typedef struct { int64_t chunks, longest, bad; } Plan;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -66,41 +66,24 @@ typedef struct { int64_t chunks, longest, bad; } Plan;
 #define VECTORIZED
 #endif
 
-VECTORIZED static int64_t first_decrease_i32(const int32_t *q, int64_t n) {
-  int decrease = 0;
-  for (int64_t i = 1; i <= n; i++) decrease |= q[i] < q[i - 1];
-  if (decrease)
-    for (int64_t i = 1; i <= n; i++)
-      if (q[i] < q[i - 1]) return i;
-  return 0;
-}
-
-VECTORIZED static Plan plan_i32(const int32_t *q, int64_t n, int shift) {
-  uint32_t chunks = 0, longest = 0, round = (1u << shift) - 1;
-  for (int64_t i = 1; i <= n; i++) {
-    uint32_t len = (uint32_t)q[i] - (uint32_t)q[i - 1];
-    chunks += (len >> shift) + ((len & round) != 0);
-    longest = len > longest ? len : longest;
+#define PLAN(NAME, T, LANE)                                                        \
+  VECTORIZED static Plan NAME(const T *q, int64_t n, int shift) {                  \
+    LANE chunks = 0, longest = 0, round = ((LANE)1 << shift) - 1;                  \
+    int decrease = 0;                                                              \
+    for (int64_t i = 1; i <= n; i++) {                                             \
+      LANE len = (LANE)q[i] - (LANE)q[i - 1];                                      \
+      chunks += (len >> shift) + ((len & round) != 0);                             \
+      longest = len > longest ? len : longest;                                     \
+    }                                                                              \
+    for (int64_t i = 1; i <= n; i++) decrease |= q[i] < q[i - 1];                  \
+    Plan p = {(int64_t)chunks, (int64_t)longest, 0};                               \
+    if (decrease)                                                                  \
+      for (int64_t i = 1; i <= n; i++)                                             \
+        if (q[i] < q[i - 1]) { p.bad = i; break; }                                 \
+    return p;                                                                      \
   }
-  Plan p = {(int64_t)chunks, (int64_t)longest, first_decrease_i32(q, n)};
-  return p;
-}
-
-VECTORIZED static Plan plan_i64(const int64_t *q, int64_t n, int shift) {
-  uint64_t chunks = 0, longest = 0, round = ((uint64_t)1 << shift) - 1;
-  int decrease = 0;
-  for (int64_t i = 1; i <= n; i++) {
-    uint64_t len = (uint64_t)q[i] - (uint64_t)q[i - 1];
-    decrease |= q[i] < q[i - 1];
-    chunks += (len >> shift) + ((len & round) != 0);
-    longest = len > longest ? len : longest;
-  }
-  Plan p = {(int64_t)chunks, (int64_t)longest, 0};
-  if (decrease)
-    for (int64_t i = 1; i <= n; i++)
-      if (q[i] < q[i - 1]) { p.bad = i; break; }
-  return p;
-}
+PLAN(plan_i32, int32_t, uint32_t)
+PLAN(plan_i64, int64_t, uint64_t)
 
 static int64_t load(const void *q, int is64, int64_t i) {
   return is64 ? ((const int64_t *)q)[i] : (int64_t)((const int32_t *)q)[i];

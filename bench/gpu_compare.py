@@ -31,6 +31,7 @@ import anchors  # noqa: E402
 
 import chunkmeta  # noqa: E402
 from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference  # noqa: E402
+from chunkmeta.integrations import kda  # noqa: E402
 from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile  # noqa: E402
 from chunkmeta.workloads import workload  # noqa: E402
 
@@ -240,7 +241,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
-        "fla": _fla_version(),
+        "fla": kda.fla_version() or "not installed",
         "python": platform.python_version(),
         "chunk_size": args.chunk_size,
         "rounds": args.rounds,
@@ -253,15 +254,6 @@ def main() -> int:
     print(format_breakdown(breakdowns))
     _plot(results, out_dir / "latency.png")
     return 0 if all(m["matched"] is not False for w in results.values() for k, m in w.items() if k != "_workload") else 1
-
-
-def _fla_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("fla-core")
-    except Exception:  # noqa: BLE001
-        return "not installed"
 
 
 def format_table(results: dict, meta: dict) -> str:

@@ -1,6 +1,7 @@
 """Kernel launch configurations swept on one GPU: device µs per build for each (BLOCK_ROWS,
 num_warps, SCAN_COLS), per workload and builder capacity. This is how TritonFill's defaults were
-chosen.
+chosen. Two diagnostics say where the time goes: the default launch without its row search, and
+an I/O floor kernel (the same loads and stores, with no scan and no search).
 
     python bench/kernel_sweep.py
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from chunkmeta import reference
 from chunkmeta.kernels import TritonFill
@@ -33,9 +36,40 @@ def no_search_us(fill, tensors) -> float:
     no_search = TritonFill(chunk_size=64, block_seqs=fill.block_seqs, padded=False, params_on_device=False,
                            block_rows=fill.block_rows, num_warps=fill.num_warps,
                            scan_cols=fill.constexprs["SCAN_COLS"])
-    no_search.constexprs["LOG2_BLOCK_SEQS"] = 0
+    no_search.constexprs["ROW_SEARCH"] = False
     no_search._constexpr_values = tuple(no_search.constexprs.values())
     return time_fill(no_search, *tensors, None)[0]
+
+
+@triton.jit
+def io_floor_kernel(query_start_loc, cu_seqlens, chunk_indices, chunk_offsets, num_seqs, num_rows,
+                    BLOCK_SEQS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """The fill's memory traffic alone: every program loads the N + 1 offsets (twice, as the
+    fill does), program 0 stores N lengths and N offsets, every program stores its rows; one
+    reduction makes the rows depend on all the loads. No scan, no search: its values are
+    meaningless."""
+    pid = tl.program_id(0)
+    seqs = tl.arange(0, BLOCK_SEQS)
+    real = seqs < num_seqs
+    ends = tl.load(query_start_loc + 1 + seqs, mask=real, other=0)
+    lengths = ends - tl.load(query_start_loc + seqs, mask=real, other=0)
+    if pid == 0:
+        tl.store(cu_seqlens + 1 + seqs, ends, mask=real)
+        tl.store(chunk_offsets + 1 + seqs, lengths.to(tl.int64), mask=real)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row = (rows + tl.max(lengths, 0)).to(tl.int64)
+    tl.store(chunk_indices.to(tl.pointer_type(tl.int64)) + rows, row, mask=rows < num_rows)
+
+
+def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
+    grid = (-(-nt // fill.block_rows),)
+
+    def launch():
+        io_floor_kernel[grid](qsl, cu, indices, offsets, num_seqs, nt, BLOCK_SEQS=fill.block_seqs,
+                              BLOCK_ROWS=fill.block_rows, num_warps=fill.num_warps)
+
+    launch()
+    return median([device_us_per_call(launch, calls=200) for _ in range(5)])
 
 
 def main() -> int:
@@ -52,8 +86,8 @@ def main() -> int:
         tensors = (qsl, params, cu, indices, offsets, num_seqs, nt)
         results = []
         for block_rows in (128, 256, 512):
-            for num_warps in (4, 8):
-                for scan_cols in (1, 4, 16, 32):
+            for num_warps in (4, 8, 16):
+                for scan_cols in (1, 4, 16, 64):
                     fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
                                       block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
                     results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
@@ -65,7 +99,7 @@ def main() -> int:
         print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
               f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps}/scan_cols={default.constexprs['SCAN_COLS']} "
               f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {no_search_us(default, tensors):.2f}; "
-              f"with scan_cols=16: {no_search_us(wide, tensors):.2f}) | "
+              f"with scan_cols=16: {no_search_us(wide, tensors):.2f}; I/O floor: {io_floor_us(default, *tensors):.2f}) | "
               + "  ".join(f"{config}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), config in results[:10]))
     return 0
 

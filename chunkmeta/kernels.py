@@ -40,10 +40,13 @@ def chunk_metadata_kernel(
     CHUNK_SHIFT: tl.constexpr,
     BLOCK_SEQS: tl.constexpr,
     SCAN_COLS: tl.constexpr,
+    LOG2_SCAN_COLS: tl.constexpr,
     LOG2_BLOCK_SEQS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
     PADDED: tl.constexpr,
     PARAMS_ON_DEVICE: tl.constexpr,
+    ROW_SEARCH: tl.constexpr,
 ):
     """Chunk metadata of ``query_start_loc[first_seq : first_seq + num_seqs + 1]``.
 
@@ -58,9 +61,11 @@ def chunk_metadata_kernel(
     work <= BLOCK_SEQS + 9 * num_rows.
 
     A row's sequence is the number of sequences whose chunks end at or before it; each row
-    finds it by binary lifting over the sorted chunk ends (LOG2_BLOCK_SEQS ``tl.gather``
-    rounds, in registers/shared memory), then ``t = row - chunk_offsets[seq]``. There is no
-    loop over a sequence's chunks: rows are parallel.
+    finds it by binary lifting over the sorted chunk ends (``_find_rows``: LOG2_BLOCK_SEQS
+    rounds, the first ones warp-local), then ``t = row - chunk_offsets[seq]``. There is no loop
+    over a sequence's chunks: rows are parallel. ROW_GROUPS (the warp count) shapes the rows
+    for the warp-local rounds; ROW_SEARCH=False is a diagnostic (wrong rows) that measures the
+    kernel without its search.
 
     Invariants callers rely on: rows are ordered by sequence then chunk with no gaps; a
     zero-length sequence keeps its index and gets no rows; in the padded layout, rows in
@@ -83,8 +88,9 @@ def chunk_metadata_kernel(
     starts = tl.load(qsl + seqs, mask=real_seq, other=0)
     seq_chunks = ((ends - starts + ((1 << CHUNK_SHIFT) - 1)) >> CHUNK_SHIFT).to(tl.int32)
     tile_chunks = tl.sum(seq_chunks, 1)
+    tile_ends = tl.cumsum(tile_chunks, 0)
     # chunk_offsets[i + 1]
-    chunk_ends = tl.cumsum(seq_chunks, 1) + (tl.cumsum(tile_chunks, 0) - tile_chunks)[:, None]
+    chunk_ends = tl.cumsum(seq_chunks, 1) + (tile_ends - tile_chunks)[:, None]
     num_chunks = tl.sum(tile_chunks, 0)
 
     if pid == 0:
@@ -96,15 +102,15 @@ def chunk_metadata_kernel(
             tl.store(cu_seqlens + seqs_out, num_tokens.to(tl.int32))
             tl.store(chunk_offsets + seqs_out, num_chunks.to(tl.int64))
 
-    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     keys = tl.reshape(tl.where(real_seq, chunk_ends, 2147483647), [BLOCK_SEQS])
-    seq = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
-    for k in tl.static_range(LOG2_BLOCK_SEQS):
-        step = BLOCK_SEQS >> (k + 1)
-        probe = tl.gather(keys, seq + (step - 1), 0)
-        seq = tl.where(probe <= rows, seq + step, seq)
-    seq_start = tl.gather(keys, tl.maximum(seq - 1, 0), 0)
-    chunk = rows - tl.where(seq > 0, seq_start, 0)
+    if ROW_SEARCH:
+        rows, seq, seq_start = _find_rows(keys, tile_ends, pid * BLOCK_ROWS, BLOCK_ROWS, ROW_GROUPS,
+                                          LOG2_BLOCK_SEQS - LOG2_SCAN_COLS, LOG2_SCAN_COLS)
+    else:  # a diagnostic (bench/kernel_sweep.py): the kernel's cost without its search
+        rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        seq = tl.min(keys, 0) + tl.zeros_like(rows)
+        seq_start = tl.zeros_like(rows)
+    chunk = rows - seq_start
     if PADDED:
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
@@ -113,6 +119,53 @@ def chunk_metadata_kernel(
     # coalesced across the warp, instead of two strided 4-byte stores
     row = (seq.to(tl.int64) & 0xFFFFFFFF) | (chunk.to(tl.int64) << 32)
     tl.store(chunk_indices.to(tl.pointer_type(tl.int64)) + rows, row, mask=rows < num_rows)
+
+
+@triton.jit
+def _lift(source, pos, found, rows, span: tl.constexpr, rounds: tl.constexpr, axis: tl.constexpr):
+    """``rounds`` rounds of binary lifting over the sorted ``source`` from positions ``pos``:
+    move ``pos`` up by span/2, span/4, ... wherever that entry is still at or before the row,
+    and keep the last such entry in ``found``."""
+    for k in tl.static_range(rounds):
+        step = span >> (k + 1)
+        probe = tl.gather(source, pos + (step - 1), axis)
+        below = probe <= rows
+        pos = tl.where(below, pos + step, pos)
+        found = tl.where(below, probe, found)
+    return pos, found
+
+
+@triton.jit
+def _find_rows(keys, tile_ends, first_row, BLOCK_ROWS: tl.constexpr, ROW_GROUPS: tl.constexpr,
+               LOG2_TILES: tl.constexpr, LOG2_COLS: tl.constexpr):
+    """Rows ``first_row + [0, BLOCK_ROWS)`` with the sequence of each and that sequence's first
+    row: binary lifting over the sorted chunk ends ``keys`` [TILES * COLS], in three phases of
+    decreasing grain.
+
+    Triton stages the source of every ``tl.gather`` through shared memory again (a store per
+    element and two barriers per gather), unless the gather is warp-local. So the first rounds
+    search at most 64 coarse ends with the rows as [groups, cols], one copy of the coarse ends
+    per group, which lets Triton keep each group in one warp: shuffles, no shared memory
+    (ROW_GROUPS is the warp count; cols never exceeds the coarse ends, a shape Triton 3.6
+    cannot make warp-local). The next rounds search each scan tile row's last end
+    ``tile_ends`` [TILES] (= keys[COLS - 1 :: COLS]), the last ones the keys themselves. A
+    row's sequence starts at the last entry found at or before it, so no final gather."""
+    LOG2_COARSE: tl.constexpr = min(LOG2_TILES, 6)
+    coarse: tl.constexpr = 1 << LOG2_COARSE
+    per_coarse: tl.constexpr = (1 << LOG2_TILES) >> LOG2_COARSE
+    cols: tl.constexpr = min(BLOCK_ROWS // ROW_GROUPS, coarse)
+    groups: tl.constexpr = BLOCK_ROWS // cols
+    rows = first_row + tl.arange(0, groups)[:, None] * cols + tl.arange(0, cols)[None, :]
+    coarse_ends = tl.max(tl.reshape(tile_ends, [coarse, per_coarse]), 1)
+    found = tl.zeros(rows.shape, dtype=tl.int32)
+    pos, found = _lift(tl.broadcast_to(coarse_ends[None, :], [groups, coarse]), found, found, rows, coarse,
+                       LOG2_COARSE, 1)
+    rows = tl.reshape(rows, [BLOCK_ROWS])
+    found = tl.reshape(found, [BLOCK_ROWS])
+    tile = tl.reshape(pos * per_coarse, [BLOCK_ROWS])
+    tile, found = _lift(tile_ends, tile, found, rows, per_coarse, LOG2_TILES - LOG2_COARSE, 0)
+    seq, found = _lift(keys, tile << LOG2_COLS, found, rows, 1 << LOG2_COLS, LOG2_COLS, 0)
+    return rows, seq, found
 
 
 def _fast_launch_enabled() -> bool:
@@ -147,11 +200,12 @@ class TritonFill:
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
                  block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
-        # Measured on an H200 (bench/RESULTS.md, kernel sweep): 256-row programs are fastest up
-        # to 1024 sequences (64-256 rows within 0.1 µs), 512-row programs with 8 warps at 4096;
-        # block_seqs / 8 keeps the redundant per-program scans within 8x the row work. Scanning
-        # the sequences as 4-wide tile rows measured 5.09 µs instead of 5.64 at 4096 sequences
-        # and the same as a 1-D scan up to 1024 (2.79 / 2.80).
+        # Measured on an H200 (bench/RESULTS.md, kernel sweeps): 256-row programs are fastest up
+        # to 1024 sequences (128-512 rows within 0.1 µs), 512-row programs with 8 warps at 4096
+        # (4.59 µs against 4.83 for 256 rows); block_seqs / 8 keeps the redundant per-program
+        # scans within 8x the row work. 4-wide scan tile rows from 1024 sequences: fastest there
+        # and at 4096 with the three-phase search (16 and 64 wide: within 0.06 µs at 1024,
+        # 0.4 slower at 4096); below 1024 every width is within 0.1 µs.
         self.block_rows = block_rows or max(256, self.block_seqs // 8)
         self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8)
         scan_cols = scan_cols or (4 if self.block_seqs >= 1024 else 1)
@@ -159,10 +213,13 @@ class TritonFill:
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
             BLOCK_SEQS=self.block_seqs,
             SCAN_COLS=min(scan_cols, self.block_seqs),
+            LOG2_SCAN_COLS=min(scan_cols, self.block_seqs).bit_length() - 1,
             LOG2_BLOCK_SEQS=self.block_seqs.bit_length() - 1,
             BLOCK_ROWS=self.block_rows,
+            ROW_GROUPS=min(self.num_warps, self.block_rows),
             PADDED=padded,
             PARAMS_ON_DEVICE=params_on_device,
+            ROW_SEARCH=True,
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1

@@ -63,11 +63,22 @@ def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, p
     run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq, scan_cols=scan_cols)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), block_rows=st.sampled_from([1, 2, 8, 64]), num_warps=st.sampled_from([1, 2, 4]),
+       scan_cols=st.sampled_from([1, 2]), padded=st.booleans())
+def test_three_phase_search_with_row_groups(data, block_rows, num_warps, scan_cols, padded):
+    """256 lanes as 128-256 scan tile rows: the row search runs all three phases (64 coarse
+    ends per row group, then the tile ends, then the keys), with the rows split into 1-4 groups."""
+    batch = data.draw(batches(64, max_requests=256, max_len=100))
+    run_fill(batch, 64, block_rows, padded, pad_seq=256 if padded else 0, scan_cols=scan_cols, capacity=256,
+             num_warps=num_warps)
+
+
 @pytest.mark.parametrize("capacity", [1000, 1024, 2048])
 @pytest.mark.parametrize("padded, pad_seq", [(False, 0), (True, -1), (True, None)])
 def test_default_launch_shapes(capacity, padded, pad_seq):
     """The launchers' own defaults (256-row blocks, 8 warps, 4-wide scan tile rows from 1024
-    sequences), on batches from empty to full capacity."""
+    sequences: 64 coarse ends of 4-8 tile rows each), on batches from empty to full capacity."""
     import numpy as np
 
     from chunkmeta.workloads import random_decode_first, workload

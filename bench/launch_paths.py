@@ -1,0 +1,50 @@
+"""Diagnostic: device µs per build of the same kernel through each launch path, to find where
+gpu_compare's figure (builder.build) and kernel_sweep's (TritonFill.launch on fixed buffers)
+differ.
+
+    python bench/launch_paths.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from chunkmeta import ChunkMetadataBuilder
+from chunkmeta.timing import device_us_per_call, median
+from chunkmeta.workloads import workload
+
+CASES = [(1, 196608, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
+
+
+def us(fn, calls):
+    fn()
+    return median([device_us_per_call(fn, calls=calls) for _ in range(5)])
+
+
+def main() -> int:
+    print(f"# {torch.cuda.get_device_name()}: device µs per build, median of 5 x N calls behind a sleep kernel")
+    for num_seqs, num_tokens, cap_seqs in CASES:
+        batch = workload(num_seqs, num_tokens, seed=num_seqs)
+        qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
+        qsl = qsl_cpu.cuda()
+        row = []
+        for ring in (4, 1):
+            b = ChunkMetadataBuilder(cap_seqs, max(8192, num_tokens), device="cuda", ring_depth=ring)
+            md = b.build(qsl, qsl_cpu)
+            b.build(qsl, qsl_cpu)
+            for calls in (100, 200):
+                row.append((f"build ring={ring} calls={calls}", us(lambda: b.build(qsl, qsl_cpu), calls)))
+            fill = b._fills.get(False)
+            if ring == 1 and fill is not None:
+                cu, indices, offsets = b._slot_ptrs[0]
+                args = (qsl.dtype, qsl.data_ptr(), b._params_ptr, cu, indices, offsets, 0, num_seqs, md.num_chunks,
+                        num_seqs, 0)
+                row.append(("TritonFill.launch slot 0 calls=200", us(lambda: fill.launch(*args), 200)))
+        print(f"{num_seqs}x{num_tokens // 1024}k cap={cap_seqs}: " + "  ".join(f"{k}: {v:.2f}" for k, v in row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

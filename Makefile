@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chunkmeta-installed
 
-.PHONY: demo test test-gpu bench clean
+.PHONY: demo test test-gpu bench clean test-triton-compat
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,22 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
+
+# The kernel compiles for sm_90 with the Triton that torch 2.11 engines ship (3.6), not only with
+# the newest one .venv gets: Triton's compiler accepts different shapes in different versions.
+# CI runs it after `make test`. Its own venv; `rm -rf .venv-triton-3.6.0` to rebuild.
+TRITON_COMPAT ?= 3.6.0
+COMPAT_VENV := .venv-triton-$(TRITON_COMPAT)
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+$(COMPAT_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 triton==$(TRITON_COMPAT) numpy attrs pytest
+	touch $(COMPAT_STAMP)
+
+test-triton-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra" tests/test_kernel_compiles.py
 
 # Opt-in: the SGLang adapter against a real SGLang (CPU). Its own venv, .venv-sglang: SGLang's
 # wheel without its dependencies (it pins another torch), then the pure-Python/CPU packages its

@@ -31,14 +31,20 @@ TRITON_COMPAT ?= 3.6.0
 COMPAT_VENV := .venv-triton-$(TRITON_COMPAT)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
-$(COMPAT_STAMP): pyproject.toml
+# Triton goes in with --no-deps: it must stay at TRITON_COMPAT whatever torch's wheel declares.
+$(COMPAT_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 triton==$(TRITON_COMPAT) numpy attrs pytest
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps triton==$(TRITON_COMPAT)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy attrs pytest
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(COMPAT_VENV)/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"
 	touch $(COMPAT_STAMP)
 
+# CHUNKMETA_REQUIRE_SM90_COMPILE: a Triton that cannot compile for sm_90 here fails, not skips
 test-triton-compat: $(COMPAT_STAMP)
-	$(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra" tests/test_kernel_compiles.py
+	CHUNKMETA_REQUIRE_SM90_COMPILE=1 $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra" \
+		tests/test_kernel_compiles.py
 
 # Opt-in: the SGLang adapter against a real SGLang (CPU). Its own venv, .venv-sglang: SGLang's
 # wheel without its dependencies (it pins another torch), then the pure-Python/CPU packages its
@@ -108,4 +114,4 @@ test-vllm: $(VLLM_STAMP)
 		tests/test_vllm_real.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info
+	rm -rf $(VENV) .venv-triton-* .pytest_cache .hypothesis .benchmarks *.egg-info

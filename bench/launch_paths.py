@@ -41,6 +41,8 @@ def main() -> int:
                 cu, indices, offsets = b._slot_ptrs[0]
                 args = (qsl.dtype, qsl.data_ptr(), b._params_ptr, cu, indices, offsets, 0, num_seqs, md.num_chunks,
                         num_seqs, 0)
+                # False (nothing launched) without a direct launcher: timing it would read ~0 µs
+                assert fill.launch(*args), "no direct launcher (CHUNKMETA_FAST_LAUNCH=0 or a launch hook)"
                 row.append(("TritonFill.launch slot 0 calls=200", us(lambda: fill.launch(*args), 200)))
         print(f"{num_seqs}x{num_tokens // 1024}k cap={cap_seqs}: " + "  ".join(f"{k}: {v:.2f}" for k, v in row))
     return 0

@@ -200,10 +200,10 @@ class TritonFill:
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
                  block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
-        # Measured on an H200 (bench/RESULTS.md, kernel sweeps): 256-row programs are fastest up
-        # to 1024 sequences (128-512 rows within 0.1 µs), 512-row programs with 8 warps at 4096
-        # (4.59 µs against 4.83 for 256 rows); block_seqs / 8 keeps the redundant per-program
-        # scans within 8x the row work. 4-wide scan tile rows from 1024 sequences: fastest there
+        # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 1024 sequences, 128-, 256-
+        # and 512-row programs are within ~0.1 µs of each other (256 kept); at 4096, 512-row
+        # programs with 8 warps (4.59 µs against 4.83 for 256 rows); block_seqs / 8 keeps the
+        # redundant per-program scans within 8x the row work. 4-wide scan tile rows from 1024 sequences: fastest there
         # and at 4096 with the three-phase search (16 and 64 wide: within 0.06 µs at 1024,
         # 0.4 slower at 4096); below 1024 every width is within 0.1 µs.
         self.block_rows = block_rows or max(256, self.block_seqs // 8)

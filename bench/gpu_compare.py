@@ -218,8 +218,7 @@ def main() -> int:
             torch.cuda.synchronize()
             # the queued sleep must outlast issuing every call, or the GPU idles between calls
             lead = 100 * max(50.0, 2.0 * median(idle[name]))
-            device[name] = median([device_us_per_call(case.methods[name], calls=100, lead_us=lead)
-                                   for _ in range(3)])
+            device[name] = device_us_per_call(case.methods[name], calls=100, lead_us=lead, repeats=3)
         torch.cuda.synchronize()
         results[case.key] = {
             name: {

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from chunkmeta import reference
 from chunkmeta.kernels import TritonFill
-from chunkmeta.timing import device_us_per_call, median
+from chunkmeta.timing import device_us_per_call
 from chunkmeta.workloads import workload
 
 CASES = [(1, 4096, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
@@ -28,16 +28,14 @@ def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     ok = ref is None or [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
     args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
             0, num_seqs, nt, num_seqs, 0)
-    return median([device_us_per_call(lambda: fill.launch(*args), calls=200) for _ in range(5)]), ok
+    return device_us_per_call(lambda: fill.launch(*args), calls=200, repeats=5), ok
 
 
 def no_search_us(fill, tensors) -> float:
     """Where the time goes: the same launch without its row search (its rows are wrong)."""
     no_search = TritonFill(chunk_size=64, block_seqs=fill.block_seqs, padded=False, params_on_device=False,
                            block_rows=fill.block_rows, num_warps=fill.num_warps,
-                           scan_cols=fill.constexprs["SCAN_COLS"])
-    no_search.constexprs["ROW_SEARCH"] = False
-    no_search._constexpr_values = tuple(no_search.constexprs.values())
+                           scan_cols=fill.constexprs["SCAN_COLS"], row_search=False)
     return time_fill(no_search, *tensors, None)[0]
 
 
@@ -71,7 +69,7 @@ def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
     launch()
     # launched through the JIT (tens of µs of host time each): a longer queued lead than the
     # default 50 µs a call, so that the GPU never waits for the host between launches
-    return median([device_us_per_call(launch, calls=200, lead_us=200 * 200.0) for _ in range(5)])
+    return device_us_per_call(launch, calls=200, lead_us=200 * 200.0, repeats=5)
 
 
 def main() -> int:

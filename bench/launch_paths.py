@@ -12,7 +12,7 @@ import sys
 import torch
 
 from chunkmeta import ChunkMetadataBuilder
-from chunkmeta.timing import device_us_per_call, median
+from chunkmeta.timing import device_us_per_call
 from chunkmeta.workloads import workload
 
 CASES = [(1, 196608, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
@@ -20,7 +20,7 @@ CASES = [(1, 196608, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 2
 
 def us(fn, calls):
     fn()
-    return median([device_us_per_call(fn, calls=calls) for _ in range(5)])
+    return device_us_per_call(fn, calls=calls, repeats=5)
 
 
 def main() -> int:

@@ -198,7 +198,8 @@ class TritonFill:
     """
 
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
-                 block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None):
+                 block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None,
+                 row_search: bool = True):
         self.block_seqs = _next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 1024 sequences, 128-, 256-
         # and 512-row programs are within ~0.1 µs of each other (256 kept); at 4096, 512-row
@@ -208,18 +209,18 @@ class TritonFill:
         # 0.4 slower at 4096); below 1024 every width is within 0.1 µs.
         self.block_rows = block_rows or max(256, self.block_seqs // 8)
         self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8)
-        scan_cols = scan_cols or (4 if self.block_seqs >= 1024 else 1)
+        scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 1), self.block_seqs)
         self.constexprs = dict(
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
             BLOCK_SEQS=self.block_seqs,
-            SCAN_COLS=min(scan_cols, self.block_seqs),
-            LOG2_SCAN_COLS=min(scan_cols, self.block_seqs).bit_length() - 1,
+            SCAN_COLS=scan_cols,
+            LOG2_SCAN_COLS=scan_cols.bit_length() - 1,
             LOG2_BLOCK_SEQS=self.block_seqs.bit_length() - 1,
             BLOCK_ROWS=self.block_rows,
             ROW_GROUPS=min(self.num_warps, self.block_rows),
             PADDED=padded,
             PARAMS_ON_DEVICE=params_on_device,
-            ROW_SEARCH=True,
+            ROW_SEARCH=row_search,  # False: bench/kernel_sweep.py's diagnostic (wrong rows)
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1

@@ -93,9 +93,9 @@ static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
   return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
 }
 
-/* The arguments as C integers: 0, or -1 with a Python error set, or 1 when one lies outside
-   int64 (no error set: build() answers that as invalid input, the others raise). */
-static int ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
+/* The arguments as C integers: 0, or nonzero with a Python error set (TypeError for a wrong
+   count or a non-int, OverflowError for a value outside int64). */
+static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
   if (nargs != want) {
     PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, nargs);
     return -1;
@@ -104,15 +104,12 @@ static int ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long l
     int overflow = 0;
     out[i] = PyLong_AsLongLongAndOverflow(args[i], &overflow);
     if (out[i] == -1 && PyErr_Occurred()) return -1;
-    if (overflow) return 1;
+    if (overflow) {
+      PyErr_SetString(PyExc_OverflowError, "argument outside int64");
+      return 1;
+    }
   }
   return 0;
-}
-
-static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
-  int status = ints(args, nargs, want, out);
-  if (status == 1) PyErr_SetString(PyExc_OverflowError, "argument outside int64");
-  return status;
 }
 
 /* plan(address, n, is64, shift) -> (bad_index, num_chunks, max_seqlen) */

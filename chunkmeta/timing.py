@@ -45,13 +45,17 @@ def busy_queue(us: float = 1000.0) -> None:
     torch.cuda._sleep(int(us * 2000))
 
 
-def device_us_per_call(fn: Callable[[], object], calls: int = 200, lead_us: float | None = None) -> float:
-    """GPU time per call of ``fn``: CUDA events around ``calls`` calls queued behind a sleep kernel.
+def device_us_per_call(fn: Callable[[], object], calls: int = 200, lead_us: float | None = None,
+                       repeats: int = 1) -> float:
+    """GPU time per call of ``fn``: CUDA events around ``calls`` calls queued behind a sleep kernel;
+    with ``repeats`` > 1, the median of that many such measurements.
 
     Only meaningful for work that does not synchronize (a syncing call drains the queue, and then
     the figure includes its host time). ``lead_us`` (default 50 us a call) must outlast the host
     time of queuing every call, or the GPU catches up and idles between them.
     """
+    if repeats > 1:
+        return median([device_us_per_call(fn, calls, lead_us) for _ in range(repeats)])
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     busy_queue(calls * 50.0 if lead_us is None else lead_us)

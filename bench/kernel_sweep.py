@@ -1,7 +1,8 @@
 """Kernel launch configurations swept on one GPU: device µs per build for each (BLOCK_ROWS,
 num_warps, SCAN_COLS), per workload and builder capacity. This is how TritonFill's defaults were
-chosen. Two diagnostics say where the time goes: the default launch without its row search, and
-an I/O floor kernel (the same loads and stores, with no scan and no search).
+chosen. Three diagnostics say where the time goes: an empty one-program launch (the floor every
+figure includes, printed per workload since it drifts), the default launch without its row search,
+and an I/O floor kernel (the same loads and stores, with no scan and no search).
 
     python bench/kernel_sweep.py
 """
@@ -14,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from anchors import empty_kernel
 from chunkmeta import reference
 from chunkmeta.kernels import TritonFill
 from chunkmeta.timing import device_us_per_call
@@ -24,6 +26,7 @@ CASES = [(1, 4096, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20,
 
 def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     """(device µs per launch, exact?) for one configuration; ref None skips the check."""
+    indices.fill_(-1)  # no earlier configuration's rows may pass for this one's
     fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
     ok = ref is None or [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
     args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
@@ -72,8 +75,21 @@ def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
     return device_us_per_call(launch, calls=200, lead_us=200 * 200.0, repeats=5)
 
 
+def empty_launch_us() -> float:
+    """An empty one-program launch: the launch floor every device figure here includes. Printed
+    per case because it drifts on a shared GPU; compare figures with the floor next to them."""
+    x = torch.empty(1, device="cuda")
+    empty_kernel[(1,)](x)
+    return device_us_per_call(lambda: empty_kernel[(1,)](x), calls=200, lead_us=200 * 200.0, repeats=5)
+
+
+# (BLOCK_ROWS, num_warps, SCAN_COLS) tried per workload
+CONFIGS = [(rows, warps, cols) for rows in (128, 256, 512) for warps in (4, 8, 16) for cols in (1, 4, 16, 64)]
+
+
 def main() -> int:
-    print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first")
+    print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first; "
+          "configs are BLOCK_ROWS/num_warps/SCAN_COLS")
     for num_seqs, num_tokens, capacity in CASES:
         batch = workload(num_seqs, num_tokens, seed=num_seqs)
         ref = reference.chunk_metadata(batch.query_start_loc, 64)
@@ -84,23 +100,22 @@ def main() -> int:
         indices = torch.zeros(nt + 8, 2, dtype=torch.int32, device="cuda")
         params = torch.zeros(2, dtype=torch.int32, device="cuda")
         tensors = (qsl, params, cu, indices, offsets, num_seqs, nt)
+        empty = empty_launch_us()
         results = []
-        for block_rows in (128, 256, 512):
-            for num_warps in (4, 8, 16):
-                for scan_cols in (1, 4, 16, 64):
-                    fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                                      block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
-                    results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
+        for block_rows, num_warps, scan_cols in CONFIGS:
+            fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
+                              block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
+            results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
         results.sort()
         default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
         chosen = time_fill(default, *tensors, ref)
-        wide = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                          block_rows=default.block_rows, num_warps=default.num_warps, scan_cols=16)
-        print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: default "
-              f"BLOCK_ROWS={default.block_rows}/warps={default.num_warps}/scan_cols={default.constexprs['SCAN_COLS']} "
+        wrong = [config for (_, ok), config in results if not ok]
+        print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: empty launch {empty:.2f}; default "
+              f"{default.block_rows}/{default.num_warps}/{default.constexprs['SCAN_COLS']} "
               f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {no_search_us(default, tensors):.2f}; "
-              f"with scan_cols=16: {no_search_us(wide, tensors):.2f}; I/O floor: {io_floor_us(default, *tensors):.2f}) | "
-              + "  ".join(f"{config}:{us:.2f}{'' if ok else ' WRONG'}" for (us, ok), config in results[:10]))
+              f"I/O floor: {io_floor_us(default, *tensors):.2f})"
+              + (f"; WRONG: {wrong}" if wrong else "") + " | "
+              + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:10]))
     return 0
 
 

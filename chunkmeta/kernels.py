@@ -210,13 +210,14 @@ class TritonFill:
         self.block_seqs = _next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 1024 sequences, 128-, 256-
         # and 512-row programs are within ~0.1 µs of each other (256 kept); at 4096, 512-row
-        # programs with 8 warps (4.59 µs against 4.83 for 256 rows); block_seqs / 8 keeps the
-        # redundant per-program scans within 8x the row work. 4-wide scan tile rows from 1024 sequences: fastest there
-        # and at 4096 with the three-phase search (16 and 64 wide: within 0.06 µs at 1024,
-        # 0.4 slower at 4096); below 1024 every width is within 0.1 µs.
+        # programs (0.2-0.3 µs faster than 256) with 16 warps (3.97-4.04 µs against 4.11-4.18
+        # with 8, since every program stores a share of the sequences); block_seqs / 8 keeps the
+        # redundant per-program scans within 8x the row work. Scan tile rows 4 wide from 1024
+        # sequences (16 and 64 wide: up to 0.1 µs slower at 1024, 0.4 at 4096), 16 wide below
+        # (at 256: 0.01-0.17 µs faster than a 1-D scan in four sweeps).
         self.block_rows = block_rows or max(256, self.block_seqs // 8)
-        self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8)
-        scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 1), self.block_seqs)
+        self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8 if self.block_seqs <= 2048 else 16)
+        scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 16), self.block_seqs)
         self.constexprs = dict(
             CHUNK_SHIFT=chunk_size.bit_length() - 1,
             BLOCK_SEQS=self.block_seqs,

@@ -77,9 +77,9 @@ def test_three_phase_search_with_row_groups(data, block_rows, num_warps, scan_co
 @pytest.mark.parametrize("capacity", [200, 256, 1000, 1024, 2048])
 @pytest.mark.parametrize("padded, pad_seq", [(False, 0), (True, -1), (True, None)])
 def test_default_launch_shapes(capacity, padded, pad_seq):
-    """The launchers' own defaults (256-row blocks; scan tile rows 16 wide up to 512 sequences,
-    16 coarse ends of one tile row each; 4 wide from 1024: 64 coarse ends of 4-8 tile rows
-    each), on batches from empty to full capacity."""
+    """The launchers' own defaults (up to 512 sequences: 256-row blocks, scan tile rows 16 wide,
+    16 coarse ends of one tile row each; from 1024: 512-row blocks, 4 wide, 64 coarse ends of
+    4-8 tile rows each), on batches from empty to full capacity."""
     import numpy as np
 
     from chunkmeta.workloads import random_decode_first, workload

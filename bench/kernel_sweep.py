@@ -14,8 +14,8 @@ import sys
 import torch
 import triton
 import triton.language as tl
-
 from anchors import empty_kernel
+
 from chunkmeta import reference
 from chunkmeta.kernels import TritonFill
 from chunkmeta.timing import device_us_per_call

@@ -211,11 +211,11 @@ class TritonFill:
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 256 sequences, 128-, 256-
         # and 512-row programs are within ~0.1 µs of each other (256 kept); from 1024, 512-row
         # programs (at 1024: 0.00-0.11 µs faster than 256 in the three sweeps since every
-        # program stores a share of the sequences; at 4096: 0.2-0.3 µs), with 16 warps at 4096
+        # program stores a share of the sequences; at 4096: 0.12-0.25 µs), with 16 warps at 4096
         # (3.97-4.06 µs against 4.11-4.18 with 8); block_seqs / 8 keeps the redundant
         # per-program scans within 8x the row work. Scan tile rows 4 wide from 1024
         # sequences (16 and 64 wide: up to 0.1 µs slower at 1024, 0.4 at 4096), 16 wide below
-        # (at 256: 0.01-0.17 µs faster than a 1-D scan in four sweeps).
+        # (at 256: 0.00-0.17 µs faster than a 1-D scan in four sweeps, never slower).
         self.block_rows = block_rows or max(256 if self.block_seqs <= 512 else 512, self.block_seqs // 8)
         self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8 if self.block_seqs <= 2048 else 16)
         scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 16), self.block_seqs)

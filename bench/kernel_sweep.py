@@ -75,12 +75,13 @@ def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
     return device_us_per_call(launch, calls=200, lead_us=200 * 200.0, repeats=5)
 
 
-def empty_launch_us() -> float:
+def empty_launch_us(calls: int = 200, lead_us: float = 200 * 200.0) -> float:
     """An empty one-program launch: the launch floor every device figure here includes. Printed
-    per case because it drifts on a shared GPU; compare figures with the floor next to them."""
+    per case because it drifts on a shared GPU; compare figures with the floor next to them.
+    Median of 5 x ``calls`` launches, like the sweep's own figures."""
     x = torch.empty(1, device="cuda")
     empty_kernel[(1,)](x)
-    return device_us_per_call(lambda: empty_kernel[(1,)](x), calls=200, lead_us=200 * 200.0, repeats=5)
+    return device_us_per_call(lambda: empty_kernel[(1,)](x), calls=calls, lead_us=lead_us, repeats=5)
 
 
 # (BLOCK_ROWS, num_warps, SCAN_COLS) tried per workload

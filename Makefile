@@ -26,8 +26,10 @@ test-gpu: $(STAMP)
 
 # The kernel compiles for sm_90 with the Triton that torch 2.11 engines ship (3.6), not only with
 # the newest one .venv gets: Triton's compiler accepts different shapes in different versions.
+# The CUDA C fill compiles with the NVRTC of CUDA 13.0 (torch 2.11's CUDA build depends on it).
 # CI runs it after `make test`. Its own venv; `rm -rf .venv-triton-3.6.0` to rebuild.
 TRITON_COMPAT ?= 3.6.0
+NVRTC_COMPAT ?= 13.0.88
 COMPAT_VENV := .venv-triton-$(TRITON_COMPAT)
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 
@@ -36,6 +38,7 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps triton==$(TRITON_COMPAT)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps nvidia-cuda-nvrtc==$(NVRTC_COMPAT)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy attrs pytest
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(COMPAT_VENV)/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"

@@ -20,6 +20,8 @@ from importlib.metadata import version
 print(torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__,
       "| fla-core", version("fla-core"), "| python", platform.python_version())
 import chunkmeta.integrations.kda
+from chunkmeta import cuda_fill
+print("NVRTC for the CUDA C fill:", cuda_fill.nvrtc_version())
 PY
 status=0
 for stage in "$@"; do
@@ -34,7 +36,7 @@ for stage in "$@"; do
     steploop) python3 bench/step_loop.py --out "$OUT" --steps "${STEPS:-20}" 2>&1 | tee "$OUT/step_loop.log" ;;
     stress) python3 bench/stress.py --out "$OUT" --steps "${STRESS_STEPS:-100000}" 2>&1 | tee "$OUT/stress.log" | tail -30 ;;
     demo) python3 -m chunkmeta 2>&1 | tee "$OUT/demo.log" | tail -8 ;;
-    sweep) python3 bench/kernel_sweep.py 2>&1 | tee "$OUT/kernel_sweep.log" ;;
+    sweep) python3 bench/kernel_sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/kernel_sweep.log" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

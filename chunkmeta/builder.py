@@ -116,6 +116,8 @@ class ChunkMetadataBuilder:
         # Triton launch of that layout compiled the kernel; False where it cannot be used.
         self._native = native.cuda_launcher() if self.backend == "triton" and device.type == "cuda" else None
         self._native_fills: dict[tuple, object] = {}
+        # which kernel the C build launches per (pad, dtype): "cuda", "triton", or None (no C build)
+        self.native_kernel: dict[tuple, str | None] = {}
         self._device_index = device.index if device.type == "cuda" else -1
 
     # -- public ---------------------------------------------------------------------------
@@ -271,18 +273,35 @@ class ChunkMetadataBuilder:
         return seq_views[0], rows, seq_views[1], seq_views[2]
 
     def _make_native_fill(self, fill, pad, dtype) -> None:
-        """After the first Triton launch of a layout: the C build's constants, if it can launch it."""
-        shape = fill.plain_kernel(dtype)
-        made = None
-        if shape is not None:
-            function, num_warps, shared = shape
+        """After the first Triton launch of a layout: the C build's constants, if it can launch
+        one of the two kernels."""
+        made, kind = None, None
+        for kind, shape in self._native_kernels(fill, pad, dtype):
+            function, block_rows, num_warps, shared = shape
             # the exact layout's sizes are per build: -1 tells the C build to use N and NT
             seqs_out, rows_out, pad_seq = self._out_shape(pad, -1, -1)
             slots = [ptrs + (self._cu_cpu[k].data_ptr(),) for k, ptrs in enumerate(self._slot_ptrs)]
-            made = self._native.make_fill(function, fill.block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
+            made = self._native.make_fill(function, block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
                                           self.capacity.seqs, self.capacity.tokens, self.capacity.rows, seqs_out,
                                           rows_out, pad_seq, self._params_ptr, slots, pad)
+            if made:
+                break
         self._native_fills[(pad, dtype)] = made or False
+        self.native_kernel[(pad, dtype)] = kind if made else None
+
+    def _native_kernels(self, fill, pad, dtype):
+        """``(name, (function, block_rows, num_warps, shared bytes))`` the C build may launch, best
+        first: the CUDA C fill (``chunkmeta.cuda_fill``, when NVRTC compiles it), then the Triton
+        kernel the first build compiled."""
+        from chunkmeta.cuda_fill import CudaFill
+
+        cuda = CudaFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=pad is not None)
+        kernel = cuda.kernel(dtype, self.device)
+        if kernel is not None:
+            yield "cuda", (kernel[0], cuda.block_rows, kernel[1], kernel[2])
+        shape = fill.plain_kernel(dtype)
+        if shape is not None:
+            yield "triton", (shape[0], fill.block_rows, shape[1], shape[2])
 
     def _fill_for(self, padded: bool):
         fill = self._fills.get(padded)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, reference
+from chunkmeta.cuda_fill import CudaFill
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
 from checks import assert_exact, assert_padded, no_sync
 
@@ -110,9 +111,13 @@ def test_one_launch_and_no_copies_per_build():
     qsl, qsl_cpu = cuda_inputs(b)
     builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)  # compile outside
     kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
-    assert len(kernels) == 1 and "chunk_metadata_kernel" in kernels[0], kernels
+    assert len(kernels) == 1 and "chunk_metadata_" in kernels[0], kernels
     assert copies == [], copies
     assert builder._native_fills.get((None, torch.int32)), "the C build (chunkmeta.native) is not in use"
+    # the C build launches the CUDA C fill wherever NVRTC can compile it
+    expected = "cuda" if cuda_fill_available() else "triton"
+    assert builder.native_kernel[(None, torch.int32)] == expected
+    assert (expected == "cuda") == ("chunk_metadata_fill" in kernels[0]), kernels
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
     kernels, copies = _cuda_activity(lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq,
@@ -217,7 +222,48 @@ def test_padded_eager_layout_on_cuda():
             assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)
 
 
-def test_c_build_engine_pattern_all_layouts_both_dtypes():
+def cuda_fill_available() -> bool:
+    return CudaFill(chunk_size=64, block_seqs=64, padded=False).kernel(torch.int32, torch.device("cuda", 0)) is not None
+
+
+@pytest.fixture(params=["cuda", "triton"])
+def c_build_kernel(request, monkeypatch):
+    """Which kernel the C build launches: the CUDA C fill (skipped without NVRTC) or, with
+    CHUNKMETA_CUDA_FILL=0, the Triton kernel."""
+    if request.param == "cuda" and not cuda_fill_available():
+        pytest.skip("NVRTC cannot compile the CUDA C fill here")
+    monkeypatch.setenv("CHUNKMETA_CUDA_FILL", "1" if request.param == "cuda" else "0")
+    return request.param
+
+
+@pytest.mark.parametrize("capacity", [(64, 32768), (1024, 65536), (4096, 1 << 20)])
+def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
+    """Both kernels the C build can launch, at the launch shapes of three capacities, on the
+    large workloads and on batches full of zero-length and one-token sequences."""
+    seqs, tokens = capacity
+    builder = ChunkMetadataBuilder(seqs, tokens, device="cuda")
+    rng = np.random.default_rng(seqs)
+    batches = [b for b in BIG if b.num_seqs <= seqs and b.query_start_loc[-1] <= tokens]
+    batches += [from_lengths(list(rng.choice([0, 0, 1, 1, 63, 64, 65, 129], size=seqs)), first_seq=int(rng.integers(0, 3)))
+                for _ in range(20)]
+    batches += random_batches(200, seqs, tokens, seed=seqs)
+    batches = [b for b in batches if b.query_start_loc[b.first_seq + b.num_seqs] - b.query_start_loc[b.first_seq]
+               <= tokens]
+    for pad in (None, "tail", "negative"):
+        for b in batches:
+            inputs = cuda_inputs(b)
+            kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
+            with no_sync():
+                md = builder.build(*inputs, **kw) if pad is None else builder.build_padded(*inputs, pad=pad, **kw)
+            if pad is None:
+                assert_exact(md, b, 64)
+            else:
+                assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
+                              -1 if pad == "negative" else seqs)
+        assert builder.native_kernel[(pad, torch.int32)] == c_build_kernel
+
+
+def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
     """The engine's pattern: persistent pinned + device buffers refreshed in place each step and
     passed as fresh prefix views; exact and both padded layouts; int32 and int64 buffers on one
     builder (the kernel is compiled per pointer dtype). Every build goes through the C build
@@ -236,6 +282,7 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes():
             args = (device[: len(b.query_start_loc)], pinned[: len(b.query_start_loc)])
             builder.build(*args) if pad is None else builder.build_padded(*args, pad=pad)
     assert all(builder._native_fills.get((pad, dtype)) for pad in layouts for dtype in buffers)
+    assert all(builder.native_kernel[(pad, dtype)] == c_build_kernel for pad in layouts for dtype in buffers)
     kept = []
     for k, b in enumerate(batches):
         dtype = (torch.int32, torch.int64)[k % 2]

@@ -9,6 +9,11 @@ first CUDA build.
 Triton's compiler differs between versions (3.6 asserts on a warp-local gather that 3.9
 compiles), and engines ship older Tritons than the newest one `make test` installs:
 `make test-triton-compat` runs this file under Triton 3.6 too.
+
+The CUDA C fill (``chunkmeta.cuda_fill``) is compiled here too, by NVRTC, in every launch shape
+its builder and the sweep use. NVRTC is not part of `make test`'s venv (the CPU torch does not
+need it); `make test-triton-compat` installs the nvidia-cuda-nvrtc wheel of CUDA 13.0, the one
+torch 2.11's CUDA 13.0 build depends on, and requires it.
 """
 
 import os
@@ -16,8 +21,6 @@ import subprocess
 import sys
 
 import pytest
-
-pytest.importorskip("triton")
 
 SCRIPT = r"""
 import triton
@@ -48,6 +51,7 @@ for block_rows, num_warps, scan_cols in ((128, 4, 16), (512, 16, 64), (128, 16, 
 
 
 def test_compiles_for_sm90():
+    pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     missing = ("cannot find ptxas", "ptxas not found", "no such file", "cannot import name 'gputarget'",
@@ -60,3 +64,20 @@ def test_compiles_for_sm90():
         pytest.skip(f"this Triton cannot compile for sm_90 here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled") == 13, done.stdout
+
+
+def test_cuda_fill_compiles_for_sm90():
+    from chunkmeta import cuda_fill
+
+    if cuda_fill.nvrtc_version() is None:
+        if os.environ.get("CHUNKMETA_REQUIRE_SM90_COMPILE") == "1":
+            pytest.fail("CHUNKMETA_REQUIRE_SM90_COMPILE=1 and no NVRTC here (make test-triton-compat installs it)")
+        pytest.skip("no NVRTC here (make test-triton-compat installs it)")
+    shapes = [dict(block_seqs=capacity) for capacity in (1, 64, 200, 256, 1000, 1024, 2048, 4096, 8192)]
+    shapes += [dict(block_seqs=1024, threads=64, block_rows=1024), dict(block_seqs=256, threads=1024, block_rows=1024)]
+    for shape in shapes:
+        for padded in (False, True):
+            fill = cuda_fill.CudaFill(chunk_size=64, padded=padded, **shape)
+            for qsl_t in ("int", "long long"):
+                cubin = cuda_fill.compile_cubin(cuda_fill._source(qsl_t, fill.defines), (9, 0))
+                assert cubin[:4] == b"\x7fELF", shape

@@ -1,0 +1,47 @@
+"""chunkmeta.cuda_fill on the host: when the C build may use the CUDA C fill, and its launch
+shapes. (It runs on the GPU in tests/test_gpu.py; it compiles for sm_90 in
+tests/test_kernel_compiles.py.)"""
+
+import pytest
+import torch
+
+from chunkmeta import cuda_fill
+from chunkmeta.cuda_fill import CudaFill
+
+CUDA0 = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("capacity, lanes, threads", [(1, 32, 32), (64, 64, 64), (200, 256, 256), (1024, 1024, 256),
+                                                      (1025, 2048, 512), (4096, 4096, 512), (8192, 8192, 512)])
+def test_launch_shapes(capacity, lanes, threads):
+    fill = CudaFill(chunk_size=64, block_seqs=capacity, padded=False)
+    assert (fill.seq_lanes, fill.threads, fill.block_rows) == (lanes, threads, threads)
+    defines = dict(fill.defines)
+    # a warp's sequences: 32 threads' worth; the search's level count is its log2
+    assert 1 << defines["LOG2_WARP_LANES"] == 32 * lanes // threads
+    assert defines["CHUNK_SHIFT"] == 6 and defines["PADDED"] == 0
+
+
+def test_bad_shapes_are_refused():
+    for threads, rows in ((48, 96), (2048, 2048), (256, 384)):
+        with pytest.raises(ValueError):
+            CudaFill(chunk_size=64, block_seqs=1024, padded=False, threads=threads, block_rows=rows)
+
+
+def test_no_kernel_where_it_cannot_run(monkeypatch):
+    """None (the C build then launches the Triton kernel) off CUDA, past the shared-memory
+    limit, for other offset dtypes, and when switched off; none of these touch CUDA or NVRTC."""
+    small = CudaFill(chunk_size=64, block_seqs=64, padded=False)
+    assert small.kernel(torch.int32, torch.device("cpu")) is None
+    assert small.kernel(torch.int16, CUDA0) is None
+    assert CudaFill(chunk_size=64, block_seqs=8193, padded=False).kernel(torch.int32, CUDA0) is None
+    monkeypatch.setenv("CHUNKMETA_CUDA_FILL", "0")
+    assert small.kernel(torch.int32, CUDA0) is None
+
+
+def test_source_defines_its_dtype_and_shape():
+    fill = CudaFill(chunk_size=32, block_seqs=300, padded=True)
+    source = cuda_fill._source("long long", fill.defines).decode()
+    for line in ("#define QSL_T long long", "#define CHUNK_SHIFT 5", "#define SEQ_LANES 512", "#define THREADS 256",
+                 "#define BLOCK_ROWS 256", "#define PADDED 1", "#define LOG2_WARP_LANES 6"):
+        assert line in source

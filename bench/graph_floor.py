@@ -12,6 +12,7 @@ import gc
 import sys
 
 import torch
+from gpu_compare import capture_trivial_graph
 from launch_floor import empty_us as e
 
 
@@ -20,16 +21,7 @@ def main() -> int:
     print("graphs 0:", f"{e():.2f}")
     graphs = []
     for i in range(1, 9):
-        g = torch.cuda.CUDAGraph()
-        y = torch.zeros(4, device="cuda")
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            y.add_(1)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            y.add_(1)
-        graphs.append((g, y))
+        graphs.append(capture_trivial_graph())
         print(f"graphs {i}:", f"{e():.2f}", flush=True)
     del graphs
     gc.collect()

@@ -1,10 +1,12 @@
 """Kernel launch configurations swept on one GPU: device µs per build for each (BLOCK_ROWS,
-num_warps, SCAN_COLS), per workload and builder capacity. This is how TritonFill's defaults were
-chosen. Three diagnostics say where the time goes: an empty one-program launch (the floor every
-figure includes, printed per workload since it drifts), the default launch without its row search,
-and an I/O floor kernel (the same loads and stores, with no scan and no search).
+num_warps, SCAN_COLS) of the Triton fill and each (THREADS, BLOCK_ROWS) of the CUDA C fill, per
+workload and builder capacity. This is how both fills' defaults were chosen. Diagnostics say where
+the time goes: an empty one-program launch (the floor every figure includes, printed per workload
+since it drifts), the Triton default without its row search, an I/O floor kernel per fill (the
+same loads and stores, with no scan and no search), and an empty CUDA kernel at the CUDA fill's
+grid and block.
 
-    python bench/kernel_sweep.py
+    python bench/kernel_sweep.py [--default-only]    (--default-only: no Triton configurations)
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import triton.language as tl
 from anchors import empty_kernel
 
 from chunkmeta import reference
+from chunkmeta import cuda_fill
+from chunkmeta.cuda_fill import CudaFill
 from chunkmeta.kernels import TritonFill
 from chunkmeta.timing import device_us_per_call
 from chunkmeta.workloads import workload
@@ -84,13 +88,115 @@ def empty_launch_us(calls: int = 200, lead_us: float = 200 * 200.0) -> float:
     return device_us_per_call(lambda: empty_kernel[(1,)](x), calls=calls, lead_us=lead_us, repeats=5)
 
 
+def time_cuda_fill(cuda, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
+    """(device µs per launch, exact?) for one CUDA C fill shape, launched through ctypes (slow on
+    the host: a long queued lead keeps the GPU from waiting on it); None if it cannot compile."""
+    kernel = cuda.kernel(qsl.dtype, qsl.device)
+    if kernel is None:
+        return None
+    stream = torch.cuda.current_stream().cuda_stream
+    args = (qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
+            0, num_seqs, nt, num_seqs, 0)
+    indices.fill_(-1)
+    cuda.launch(kernel[0], stream, *args)
+    ok = [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
+    us = device_us_per_call(lambda: cuda.launch(kernel[0], stream, *args), calls=200, lead_us=200 * 200.0,
+                            repeats=5)
+    return us, ok
+
+
+# (THREADS, BLOCK_ROWS) of the CUDA C fill tried per workload
+CUDA_CONFIGS = [(threads, rows) for threads in (64, 128, 256, 512, 1024) for rows in (64, 128, 256, 512, 1024)
+                if rows >= threads]
+
+EMPTY_CUDA = b'extern "C" __global__ void empty_fill(const int *a, const int *b, int *c, long long *d, ' \
+             b'long long *e, int f, int g, int h, int i, int j) {}'
+
+
+IO_FLOOR_CUDA = r"""
+#define SEQS_PER_THREAD (SEQ_LANES / THREADS)
+extern "C" __global__ void io_floor_fill(const int *q, const int *params, int *cu, long long *rows,
+                                         long long *offsets, int first_seq, int num_seqs, int num_rows,
+                                         int seqs_out, int pad_seq) {
+  /* the CUDA fill's memory traffic alone: each thread's offsets loaded, its share of cu_seqlens
+     and chunk_offsets and its rows stored; one barrier ties the rows to every load */
+  const int tid = threadIdx.x, first = tid * SEQS_PER_THREAD;
+  int offs[SEQS_PER_THREAD + 1], sum = 0;
+#pragma unroll
+  for (int j = 0; j <= SEQS_PER_THREAD; j++) offs[j] = first + j <= num_seqs ? q[first + j] : 0;
+#pragma unroll
+  for (int j = 0; j <= SEQS_PER_THREAD; j++) sum += offs[j];
+  const int tied = __syncthreads_or(sum == 0x7fffffff);
+  const int share = (seqs_out + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * share;
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) {
+    const int s = first + j;
+    if (s >= lo && s < lo + share && s < seqs_out) {
+      cu[1 + s] = offs[j + 1];
+      offsets[1 + s] = offs[j];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < BLOCK_ROWS / THREADS; k++) {
+    const int r = blockIdx.x * BLOCK_ROWS + k * THREADS + tid;
+    if (r < num_rows) rows[r] = r + tied;
+  }
+}
+"""
+
+
+def io_floor_cuda_us(cuda, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
+    """The I/O floor of the CUDA C fill's launch shape (its values are meaningless)."""
+    head = "".join(f"#define {name} {value}\n" for name, value in cuda.defines)
+    function = cuda_fill.load_function(cuda_fill.compile_cubin((head + IO_FLOOR_CUDA).encode(),
+                                                               torch.cuda.get_device_capability()),
+                                       qsl.device, b"io_floor_fill")
+    stream = torch.cuda.current_stream().cuda_stream
+    pointers = [qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr()]
+    grid = -(-nt // cuda.block_rows)
+    return device_us_per_call(lambda: cuda_fill.launch(function, grid, cuda.threads, stream, pointers,
+                                                       [0, num_seqs, nt, num_seqs, 0]),
+                              calls=200, lead_us=200 * 200.0, repeats=5)
+
+
+def empty_cuda_us(grid: int, threads: int) -> float:
+    """An empty CUDA kernel with the fill's parameters at the fill's grid and block: the launch
+    floor of that shape."""
+    function = cuda_fill.load_function(cuda_fill.compile_cubin(EMPTY_CUDA, torch.cuda.get_device_capability()),
+                                       torch.device("cuda", torch.cuda.current_device()), b"empty_fill")
+    stream = torch.cuda.current_stream().cuda_stream
+    return device_us_per_call(lambda: cuda_fill.launch(function, grid, threads, stream, [0] * 5, [0] * 5),
+                              calls=200, lead_us=200 * 200.0, repeats=5)
+
+
+def cuda_line(capacity, tensors, ref) -> str:
+    default = CudaFill(chunk_size=64, block_seqs=capacity, padded=False)
+    chosen = time_cuda_fill(default, *tensors, ref)
+    if chosen is None:
+        return "CUDA C fill: not available (no NVRTC)"
+    results = []
+    for threads, rows in CUDA_CONFIGS:
+        timed = time_cuda_fill(CudaFill(chunk_size=64, block_seqs=capacity, padded=False, threads=threads,
+                                        block_rows=rows), *tensors, ref)
+        results.append((timed, f"{threads}/{rows}"))
+    results.sort()
+    wrong = [config for (_, ok), config in results if not ok]
+    nt = tensors[-1]
+    grid = -(-nt // default.block_rows)
+    return (f"CUDA C fill: default {default.threads}/{default.block_rows} {chosen[0]:.2f}"
+            f" (empty kernel, {grid} x {default.threads} threads: {empty_cuda_us(grid, default.threads):.2f};"
+            f" I/O floor: {io_floor_cuda_us(default, *tensors):.2f})"
+            f"{'' if chosen[1] else ' WRONG'}" + (f"; WRONG: {wrong}" if wrong else "") + " | "
+            + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:8]))
+
+
 # (BLOCK_ROWS, num_warps, SCAN_COLS) tried per workload
 CONFIGS = [(rows, warps, cols) for rows in (128, 256, 512) for warps in (4, 8, 16) for cols in (1, 4, 16, 64)]
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first; "
-          "configs are BLOCK_ROWS/num_warps/SCAN_COLS")
+          "configs are BLOCK_ROWS/num_warps/SCAN_COLS (Triton) and THREADS/BLOCK_ROWS (CUDA C fill)")
     for num_seqs, num_tokens, capacity in CASES:
         batch = workload(num_seqs, num_tokens, seed=num_seqs)
         ref = reference.chunk_metadata(batch.query_start_loc, 64)
@@ -103,7 +209,7 @@ def main() -> int:
         tensors = (qsl, params, cu, indices, offsets, num_seqs, nt)
         empty = empty_launch_us()
         results = []
-        for block_rows, num_warps, scan_cols in CONFIGS:
+        for block_rows, num_warps, scan_cols in CONFIGS if "--default-only" not in argv else ():
             fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
                               block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
             results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
@@ -117,8 +223,9 @@ def main() -> int:
               f"I/O floor: {io_floor_us(default, *tensors):.2f})"
               + (f"; WRONG: {wrong}" if wrong else "") + " | "
               + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:10]))
+        print(f"    {cuda_line(capacity, tensors, ref)}; empty launch {empty_launch_us():.2f}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

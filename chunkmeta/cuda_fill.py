@@ -165,11 +165,13 @@ def _next_pow2(n: int) -> int:
 def launch_shape(block_seqs: int) -> tuple[int, int]:
     """``(SEQ_LANES, THREADS)`` for a sequence capacity; a program owns THREADS rows (one each).
 
-    Measured on an H200 in four sweeps of 14-17 shapes (bench/results/kernel_sweep*.txt): 256
-    threads up to 1024 sequences, 512 above. At 1024 sequences 256-thread programs of one row
-    per thread were the fastest, or tied within one timer step. 128-thread programs took +0.00 to
-    +0.33 µs more there, and 1024-thread ones +0.79 to +0.90. At 4096, 512 threads beat 1024 by
-    0.33-0.41 µs and 256 by 0.79-1.24."""
+    Measured on an H200 in four sweeps of 15-17 shapes (bench/results/kernel_sweep.txt,
+    kernel_sweep_cuda_*.txt, kernel_search_variants.txt item 7): 256 threads up to 1024
+    sequences, 512 above. At 1024 sequences, 256-thread programs of one row per thread were the
+    fastest or tied within one timer step; 128-thread programs took 0.00-0.33 µs more, and
+    1024-thread ones 0.79-0.90 more (in the two sweeps that printed them). At 4096, 512 threads
+    beat 1024 by 0.33-0.41 µs and 256 by 0.79-1.24.
+    """
     lanes = max(_next_pow2(block_seqs), 32)
     return lanes, min(lanes, 256 if lanes <= 1024 else 512)
 

@@ -26,7 +26,8 @@ test-gpu: $(STAMP)
 
 # The kernel compiles for sm_90 with the Triton that torch 2.11 engines ship (3.6), not only with
 # the newest one .venv gets: Triton's compiler accepts different shapes in different versions.
-# The CUDA C fill compiles with the NVRTC of CUDA 13.0 (torch 2.11's CUDA build depends on it).
+# The CUDA C fill compiles with the NVRTC of CUDA 13.0 (what torch 2.11's CUDA 13.0 build, the
+# one engines run, depends on; the venv's own torch is the CPU build, which needs none).
 # CI runs it after `make test`. Its own venv; `rm -rf .venv-triton-3.6.0` to rebuild.
 TRITON_COMPAT ?= 3.6.0
 NVRTC_COMPAT ?= 13.0.88
@@ -42,6 +43,7 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy attrs pytest
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(COMPAT_VENV)/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"
+	$(COMPAT_VENV)/bin/python -c "from chunkmeta import cuda_fill; v = cuda_fill.nvrtc_version(); assert v == '$(basename $(NVRTC_COMPAT))', v"
 	touch $(COMPAT_STAMP)
 
 # CHUNKMETA_REQUIRE_SM90_COMPILE: a Triton that cannot compile for sm_90 here fails, not skips

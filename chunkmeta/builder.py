@@ -116,7 +116,9 @@ class ChunkMetadataBuilder:
         # Triton launch of that layout compiled the kernel; False where it cannot be used.
         self._native = native.cuda_launcher() if self.backend == "triton" and device.type == "cuda" else None
         self._native_fills: dict[tuple, object] = {}
-        # which kernel the C build launches per (pad, dtype): "cuda", "triton", or None (no C build)
+        # which kernel the C build launches per (pad, dtype), set at the end of a layout's first
+        # build: "cuda", "triton", or None (it cannot launch either, or a launch failed); no key
+        # before that build or without the C build
         self.native_kernel: dict[tuple, str | None] = {}
         self._device_index = device.index if device.type == "cuda" else -1
 
@@ -219,7 +221,8 @@ class ChunkMetadataBuilder:
         """The whole build in one C call (plan, checks, the ChunkMetadata, launch, host copy) on
         accepted tensors, or None when the general path must run: a kernel not compiled yet,
         another current device, any invalid input (re-planned there for the precise error) or a
-        failed launch (re-launched there through Triton, which raises)."""
+        failed launch (re-launched there through Triton, which raises if it fails too; the C
+        build is then off for that layout)."""
         fill = self._native_fills.get((pad, query_start_loc.dtype))
         if not fill or self._last_cpu_address is None or torch._C._cuda_getDevice() != self._device_index:
             return None
@@ -230,6 +233,9 @@ class ChunkMetadataBuilder:
                                       torch._C._cuda_getCurrentRawStream(self._device_index), generation, self,
                                       self._seq_views, self._row_views, self._cached_views)
         if type(metadata) is int:
+            if metadata > 0:  # a CUresult: the launch failed. This layout takes the general path from now on
+                self._native_fills[(pad, query_start_loc.dtype)] = False
+                self.native_kernel[(pad, query_start_loc.dtype)] = None
             return None
         self._builds = generation
         self._slot_generation[slot] = generation

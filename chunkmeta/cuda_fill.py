@@ -190,9 +190,9 @@ class CudaFill:
         self.threads = threads or default_threads
         self.block_rows = block_rows or self.threads
         self.seq_lanes = max(lanes, self.threads)
-        if self.threads % 32 or self.threads > 1024 or self.block_rows % self.threads:
-            raise ValueError(f"threads={self.threads}, block_rows={self.block_rows}: threads a multiple of 32 "
-                             "up to 1024 dividing block_rows")
+        if self.threads & (self.threads - 1) or not 32 <= self.threads <= 1024 or self.block_rows % self.threads:
+            raise ValueError(f"threads={self.threads}, block_rows={self.block_rows}: threads a power of two in "
+                             "[32, 1024] dividing block_rows")
         warp_lanes = 32 * self.seq_lanes // self.threads
         self.defines = (("CHUNK_SHIFT", chunk_size.bit_length() - 1), ("SEQ_LANES", self.seq_lanes),
                         ("LOG2_WARP_LANES", warp_lanes.bit_length() - 1),
@@ -211,7 +211,7 @@ class CudaFill:
             try:
                 image = compile_cubin(_source(qsl_t, self.defines), torch.cuda.get_device_capability(device))
                 function = load_function(image, device, ENTRY)
-            except (OSError, RuntimeError):
+            except Exception:  # noqa: BLE001 -- any failure (no NVRTC, an old one, a driver error): Triton
                 function = 0
             _modules[key] = function
         return (function, self.threads // 32, 0) if function else None
@@ -241,13 +241,17 @@ _libs: dict[str, ctypes.CDLL] = {}
 
 
 def _nvrtc_candidates() -> list[str]:
+    """NVRTC libraries to try, those of torch's CUDA major version first (a cubin from a newer
+    NVRTC may not load on the driver torch runs on)."""
     names = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
     found = []
     for root in sys.path:  # the nvidia-cuda-nvrtc wheels: nvidia/cu13/lib, nvidia/cuda_nvrtc/lib
         found += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc.so*")))
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     found += sorted(glob.glob(os.path.join(cuda_home, "lib64", "libnvrtc.so*")))
-    return [p for p in found if "builtins" not in p and "alt" not in os.path.basename(p)] + names
+    found = [p for p in found if "builtins" not in p and "alt" not in os.path.basename(p)] + names
+    major = (torch.version.cuda or "").split(".")[0]
+    return sorted(found, key=lambda p: not (major and (p.endswith(f".so.{major}") or f"/cu{major}/" in p)))
 
 
 def _nvrtc() -> ctypes.CDLL:
@@ -259,7 +263,10 @@ def _nvrtc() -> ctypes.CDLL:
                 # next to it but off the loader's path, so load it first (where there is one)
                 directory = os.path.dirname(candidate)
                 for builtins in sorted(glob.glob(os.path.join(directory, "libnvrtc-builtins.so*")) if directory else []):
-                    ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                    try:
+                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                    except OSError:  # NVRTC may still find one on the loader's path
+                        pass
                 _libs["nvrtc"] = ctypes.CDLL(candidate)
                 break
             except OSError as e:
@@ -315,16 +322,31 @@ def compile_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
 
 
-def load_function(image: bytes, device: torch.device, entry: bytes) -> int:
-    """Load a cubin into ``device``'s primary context (torch's): its CUfunction ``entry``."""
+def _driver_call(name: str):
+    """A driver entry point, preferring its ``_v2`` ABI (what cuda.h's macros select)."""
     cuda = _cuda()
-    with torch.cuda.device(device):
+    return getattr(cuda, name + "_v2", None) or getattr(cuda, name)
+
+
+_contexts: dict[int, ctypes.c_void_p] = {}  # device index -> its primary context, retained for good
+
+
+def load_function(image: bytes, device: torch.device, entry: bytes) -> int:
+    """Load a cubin into ``device``'s primary context (the one torch's runtime uses): its
+    CUfunction ``entry``. The context is made current only for the load, whatever is current on
+    this thread, and stays retained for the life of the process: a module lives as long as its
+    context, and the CUfunction is launched for as long as the builder lives."""
+    cuda = _cuda()
+    context = _contexts.get(device.index)
+    if context is None:
         context = ctypes.c_void_p()
-        _check(cuda.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
-        if not context.value:  # torch's runtime has not bound its primary context to this thread
-            _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device.index), "cuDevicePrimaryCtxRetain")
-            _check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device.index), "cuDevicePrimaryCtxRetain")
+        _contexts[device.index] = context
+    module, function = ctypes.c_void_p(), ctypes.c_void_p()
+    _check(_driver_call("cuCtxPushCurrent")(context), "cuCtxPushCurrent")
+    try:
         _check(cuda.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
         _check(cuda.cuModuleGetFunction(ctypes.byref(function), module, entry), "cuModuleGetFunction")
+    finally:
+        _driver_call("cuCtxPopCurrent")(ctypes.byref(ctypes.c_void_p()))
     return function.value

@@ -23,7 +23,8 @@ def test_launch_shapes(capacity, lanes, threads):
 
 
 def test_bad_shapes_are_refused():
-    for threads, rows in ((48, 96), (2048, 2048), (256, 384)):
+    # not a power of two (96 would leave lanes unowned), too few, too many, rows not a multiple
+    for threads, rows in ((48, 96), (96, 96), (16, 64), (2048, 2048), (256, 384)):
         with pytest.raises(ValueError):
             CudaFill(chunk_size=64, block_seqs=1024, padded=False, threads=threads, block_rows=rows)
 
@@ -45,3 +46,20 @@ def test_source_defines_its_dtype_and_shape():
     for line in ("#define QSL_T long long", "#define CHUNK_SHIFT 5", "#define SEQ_LANES 512", "#define THREADS 256",
                  "#define BLOCK_ROWS 256", "#define PADDED 1", "#define LOG2_WARP_LANES 6"):
         assert line in source
+
+
+def test_any_compile_or_load_failure_means_no_kernel(monkeypatch):
+    """Whatever fails while compiling or loading (here: an NVRTC without an entry point), the
+    answer is None, cached, and the C build falls back to the Triton kernel; nothing raises."""
+    calls = []
+
+    def broken(*args):
+        calls.append(args)
+        raise AttributeError("nvrtcGetCUBIN")
+
+    monkeypatch.setattr(cuda_fill, "compile_cubin", broken)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fill = CudaFill(chunk_size=64, block_seqs=96, padded=True)  # a shape no other test compiles
+    assert fill.kernel(torch.int64, CUDA0) is None
+    assert fill.kernel(torch.int64, CUDA0) is None
+    assert len(calls) == 1

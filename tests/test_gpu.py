@@ -116,7 +116,7 @@ def test_one_launch_and_no_copies_per_build():
     assert builder._native_fills.get((None, torch.int32)), "the C build (chunkmeta.native) is not in use"
     # the C build launches the CUDA C fill wherever NVRTC can compile it
     expected = "cuda" if cuda_fill_available() else "triton"
-    assert builder.native_kernel[(None, torch.int32)] == expected
+    assert builder.native_kernel.get((None, torch.int32)) == expected
     assert (expected == "cuda") == ("chunk_metadata_fill" in kernels[0]), kernels
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
@@ -236,10 +236,13 @@ def c_build_kernel(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("capacity", [(64, 32768), (1024, 65536), (4096, 1 << 20)])
+@pytest.mark.parametrize("capacity", [(64, 32768), (1000, 65536), (1024, 65536), (4096, 1 << 20), (8192, 1 << 20)])
 def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
-    """Both kernels the C build can launch, at the launch shapes of three capacities, on the
-    large workloads and on batches full of zero-length and one-token sequences."""
+    """Both kernels the C build can launch, at the launch shapes of five capacities (1000: the
+    padded tail's entries fall inside the scanned lanes; 8192: the CUDA C fill's largest shape),
+    on the large workloads and on batches full of zero-length and one-token sequences. A failed
+    C-build launch would fall back to Triton and still be exact, but it also resets
+    native_kernel: checked after the builds."""
     seqs, tokens = capacity
     builder = ChunkMetadataBuilder(seqs, tokens, device="cuda")
     rng = np.random.default_rng(seqs)
@@ -260,7 +263,7 @@ def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
             else:
                 assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
                               -1 if pad == "negative" else seqs)
-        assert builder.native_kernel[(pad, torch.int32)] == c_build_kernel
+        assert builder.native_kernel.get((pad, torch.int32)) == c_build_kernel, "the C build did not launch it"
 
 
 def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
@@ -282,7 +285,7 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
             args = (device[: len(b.query_start_loc)], pinned[: len(b.query_start_loc)])
             builder.build(*args) if pad is None else builder.build_padded(*args, pad=pad)
     assert all(builder._native_fills.get((pad, dtype)) for pad in layouts for dtype in buffers)
-    assert all(builder.native_kernel[(pad, dtype)] == c_build_kernel for pad in layouts for dtype in buffers)
+    assert all(builder.native_kernel.get((pad, dtype)) == c_build_kernel for pad in layouts for dtype in buffers)
     kept = []
     for k, b in enumerate(batches):
         dtype = (torch.int32, torch.int64)[k % 2]
@@ -299,6 +302,8 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
             md = builder.build(*args, **kw) if pad is None else builder.build_padded(*args, pad=pad, **kw)
             kept.append((md.cu_seqlens.clone(), md.chunk_indices.clone(), md.chunk_offsets.clone(),
                          md.cu_seqlens_cpu.clone(), (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen)))
+    # every launch succeeded (a failed one turns the layout's C build off)
+    assert all(builder.native_kernel.get((pad, dtype)) == c_build_kernel for pad in layouts for dtype in buffers)
     for k, (b, (cu, indices, offsets, cu_cpu, counts)) in enumerate(zip(batches, kept)):
         pad = layouts[k % 3]
         if pad is None:

@@ -163,26 +163,35 @@ class CountingNative:
         return self.module.make_fill(*args)
 
 
+def host_only_builder(monkeypatch, native_module, layouts):
+    """A CPU builder whose C build (``native_module``) runs for ``layouts`` as on CUDA, with a
+    host-only fill (function 0: nothing is launched); the device calls it makes are faked."""
+    from types import SimpleNamespace
+
+    from chunkmeta import ChunkMetadataBuilder
+
+    builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend="torch")
+    builder._native, builder._device_index = native_module, 0
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    host_only = SimpleNamespace(block_rows=256, plain_kernel=lambda dtype: (0, 4, 0))
+    for pad in layouts:
+        builder._make_native_fill(host_only, pad, torch.int32)
+    return builder
+
+
 def test_builder_hot_path_on_the_host(monkeypatch):
     """ChunkMetadataBuilder's C-build path (used on CUDA after the first build of a layout),
     driven on the CPU with host-only fills: the Python around the C call — sizes, host
     cu_seqlens_cpu, tensor shapes, ring generations, fallback on bad input — against the
     reference. (The device tables are not written without a launch; tests/test_gpu.py checks
     them on a GPU.)"""
-    from types import SimpleNamespace
-
-    from chunkmeta import ChunkMetadataBuilder, reference
+    from chunkmeta import reference
     from chunkmeta.workloads import random_decode_first
 
-    builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend="torch")
     counting = CountingNative(compiled)
-    builder._native, builder._device_index = counting, 0
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
-    host_only = SimpleNamespace(block_rows=256, plain_kernel=lambda dtype: (0, 4, 0))
     layouts = [None, "tail", "negative"]
-    for pad in layouts:
-        builder._make_native_fill(host_only, pad, torch.int32)
+    builder = host_only_builder(monkeypatch, counting, layouts)
     rng = np.random.default_rng(3)
     kept = []
     for k in range(30):
@@ -216,3 +225,25 @@ def test_builder_hot_path_on_the_host(monkeypatch):
     with pytest.raises(ChunkMetaError, match="decreasing"):
         builder.build(bad_cpu.clone(), bad_cpu)
     assert counting.builds == 31 and builder.builds == 30 and kept[-1].is_live
+
+
+def test_failed_launch_turns_the_c_build_off_for_that_layout(monkeypatch):
+    """A C build whose launch fails (a CUresult) takes the general path, and so do that
+    layout's later builds: a kernel that cannot launch is not retried every step."""
+    from chunkmeta import reference
+
+    class FailingLaunch(CountingNative):
+        def build(self, *args):
+            self.builds += 1
+            return 700  # CUDA_ERROR_ILLEGAL_ADDRESS, say
+
+    failing = FailingLaunch(compiled)
+    builder = host_only_builder(monkeypatch, failing, [None])
+    assert builder.native_kernel[(None, torch.int32)] == "triton"
+    qsl_cpu = torch.tensor([0, 5, 70, 70, 200], dtype=torch.int32)
+    for _ in range(3):
+        md = builder.build(qsl_cpu.clone(), qsl_cpu)
+        ref = reference.chunk_metadata(qsl_cpu.tolist(), 64)
+        assert md.chunk_indices.tolist() == [list(r) for r in ref.chunk_indices]
+    assert failing.builds == 1
+    assert builder.native_kernel[(None, torch.int32)] is None and not builder._native_fills[(None, torch.int32)]

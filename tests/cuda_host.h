@@ -1,0 +1,41 @@
+/* Runs chunkmeta's CUDA C fill (chunkmeta/cuda_fill.py's source, included after this header)
+   on the host, for tests/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of
+   a grid one after another (the same THREADS threads run every block). It provides exactly what that kernel uses, with CUDA's meaning:
+   - threadIdx / blockIdx / gridDim (x only);
+   - __syncthreads(): a barrier of the block's threads;
+   - __shfl_up_sync(mask, v, d): lane L gets lane L - d's v when L >= d, its own v otherwise. The
+     kernel calls it uniformly (every thread, the same number of times), so a block-wide
+     exchange through a buffer between two barriers gives each warp's answer;
+   - __shared__: a function-local static, one copy for the block that is running;
+   - __global__, __launch_bounds__, __restrict__: nothing.
+   The main program (cuda_host_main) reads cases from stdin and prints the three tables. */
+#include <algorithm>
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+struct Dim3 {
+  unsigned x, y, z;
+};
+static thread_local Dim3 threadIdx, blockIdx, gridDim;
+static std::barrier<> *block_barrier;
+static int shuffle_slots[1024];
+
+static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+static inline int __shfl_up_sync(unsigned, int value, int delta) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  shuffle_slots[tid] = value;
+  block_barrier->arrive_and_wait();
+  const int got = lane >= delta ? shuffle_slots[tid - delta] : value;
+  block_barrier->arrive_and_wait(); /* nobody overwrites a slot before every thread read */
+  return got;
+}
+
+#define __global__
+#define __launch_bounds__(threads)
+#define __restrict__
+#define __shared__ static
+using std::min;

@@ -1,0 +1,65 @@
+/* The host driver for the CUDA C fill (see cuda_host.h), included after the kernel source.
+   stdin: a case count, then per case a line "n q[0] .. q[n-1]" (query_start_loc) and a line
+   "first_seq num_seqs num_rows seqs_out pad_seq", the kernel's scalar arguments as
+   chunkmeta.native passes them. The grid is chunkmeta.native's: cdiv(num_rows, BLOCK_ROWS), at
+   least 1. Outputs are allocated to their exact sizes, so an out-of-bounds access is a
+   sanitizer error, and filled with a poison value first, so a missed entry shows.
+   stdout per case: "CU ..." (cu_seqlens), "CO ..." (chunk_offsets), "CI i t i t ..." (rows). */
+struct Case {
+  std::vector<QSL_T> q;
+  int first_seq, num_seqs, num_rows, seqs_out, pad_seq;
+  std::vector<int> cu;
+  std::vector<long long> offsets, rows;
+};
+
+int main() {
+  int count;
+  if (scanf("%d", &count) != 1) return 2;
+  std::vector<Case> cases(count);
+  for (auto &c : cases) {
+    long long n;
+    if (scanf("%lld", &n) != 1) return 2;
+    c.q.resize(n);
+    for (auto &v : c.q) {
+      long long read;
+      if (scanf("%lld", &read) != 1) return 2;
+      v = (QSL_T)read;
+    }
+    if (scanf("%d %d %d %d %d", &c.first_seq, &c.num_seqs, &c.num_rows, &c.seqs_out, &c.pad_seq) != 5) return 2;
+    c.cu.assign(c.seqs_out + 1, 0x55555555);
+    c.offsets.assign(c.seqs_out + 1, 0x5555555555555555LL);
+    c.rows.assign(c.num_rows, 0x5555555555555555LL);
+    c.cu[0] = 0; /* the builder's buffers hold 0 there: the kernel never writes entry 0 */
+    c.offsets[0] = 0;
+  }
+  /* one thread per CUDA thread, for every block of every case in turn; a barrier between
+     blocks, so that no thread starts the next block while the block's shared memory is in use */
+  std::barrier<> barrier(THREADS);
+  block_barrier = &barrier;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < THREADS; t++)
+    threads.emplace_back([&, t] {
+      threadIdx = {(unsigned)t, 0, 0};
+      for (auto &c : cases) {
+        const unsigned grid = c.num_rows > 0 ? (c.num_rows + BLOCK_ROWS - 1) / BLOCK_ROWS : 1;
+        gridDim = {grid, 1, 1};
+        for (unsigned block = 0; block < grid; block++) {
+          blockIdx = {block, 0, 0};
+          chunk_metadata_fill(c.q.data(), nullptr, c.cu.data(), c.rows.data(), c.offsets.data(), c.first_seq,
+                              c.num_seqs, c.num_rows, c.seqs_out, c.pad_seq);
+          barrier.arrive_and_wait();
+        }
+      }
+    });
+  for (auto &thread : threads) thread.join();
+  for (auto &c : cases) {
+    printf("CU");
+    for (int v : c.cu) printf(" %d", v);
+    printf("\nCO");
+    for (long long v : c.offsets) printf(" %lld", v);
+    printf("\nCI");
+    for (long long v : c.rows) printf(" %d %d", (int)(v & 0xffffffff), (int)(v >> 32));
+    printf("\n");
+  }
+  return 0;
+}

@@ -1,0 +1,178 @@
+"""The CUDA C fill's logic on the host, on every CI run.
+
+The CUDA C fill (``chunkmeta.cuda_fill``) only runs on an NVIDIA GPU, and the GPU tests
+(tests/test_gpu.py) need one. Here its real source, exactly as NVRTC gets it, is compiled by
+the host C++ compiler against tests/cuda_host.h, which runs each CUDA thread as a std::thread
+with CUDA's barrier and shuffle semantics, under AddressSanitizer and UBSan. The grid and the
+arguments are chunkmeta.native's, the outputs exactly sized and poisoned, and every table is
+compared with ``chunkmeta.reference``.
+
+Covered: exact and both padded layouts; int32 and int64 offsets (int64 ones past 2^31 too);
+capacities with one to many sequences per thread and a non-power-of-two capacity; the sweep's
+odd launch shapes; decode-first slices, zero-length and one-token sequences, chunk-size
+boundaries, one long prompt, empty slices in the padded layouts. It checks the algorithm,
+memory safety and integer behaviour, not the GPU's timing or its memory model.
+"""
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chunkmeta import cuda_fill, reference
+from chunkmeta.workloads import from_lengths, random_decode_first
+
+HERE = Path(__file__).parent
+CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+
+
+@functools.cache
+def build_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="chunkmeta-cuda-host-"))
+
+
+@functools.cache
+def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, threads=None, block_rows=None):
+    """(the fill's launch shape, the compiled host program), or a skip without a C++20 compiler."""
+    if CXX is None:
+        pytest.skip("no C++ compiler (g++ or clang++) here")
+    fill = cuda_fill.CudaFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, threads=threads,
+                              block_rows=block_rows)
+    source = ('#include "cuda_host.h"\n' + cuda_fill._source(qsl_t, fill.defines).decode()
+              + '\n#include "cuda_host_main.h"\n')
+    name = hashlib.sha1(source.encode()).hexdigest()[:16]
+    (build_dir() / f"{name}.cpp").write_text(source)
+    binary = build_dir() / name
+    command = [CXX, "-std=c++20", "-O1", "-g", "-pthread", f"-I{HERE}", str(build_dir() / f"{name}.cpp"), "-o",
+               str(binary)]
+    done = subprocess.run(command[:2] + SANITIZE + command[2:], capture_output=True, text=True)
+    if done.returncode:  # a toolchain without the sanitizers' runtimes: plain, still checked
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        if "barrier" in done.stderr and "No such file" in done.stderr:
+            pytest.skip(f"{CXX} has no C++20 <barrier>")
+        raise AssertionError(done.stderr[-3000:])
+    return fill, binary
+
+
+def run_fill(binary: Path, cases) -> list[tuple[list, list, list]]:
+    """The kernel's (cu_seqlens, chunk_offsets, rows) per case ``(q, first_seq, num_seqs, num_rows,
+    seqs_out, pad_seq)``."""
+    lines = [str(len(cases))]
+    for q, *scalars in cases:
+        lines += [f"{len(q)} " + " ".join(map(str, q)), " ".join(map(str, scalars))]
+    done = subprocess.run([str(binary)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr[-3000:]
+    out = done.stdout.splitlines()
+    results = []
+    for k in range(0, len(out), 3):
+        cu, offsets, rows = (list(map(int, line.split()[1:])) for line in out[k : k + 3])
+        results.append((cu, offsets, [[i, t] for i, t in zip(rows[::2], rows[1::2])]))
+    return results
+
+
+def batches(rng, capacity: int, chunk_size: int, count: int, base: int = 0):
+    """Prefill slices of at most ``capacity`` sequences, of many kinds, as reference batches."""
+    made = []
+    for k in range(count):
+        kind = k % 4
+        if kind == 0:
+            b = random_decode_first(rng, capacity, chunk_size * max(2 * capacity, 512), chunk_size)
+        else:
+            n = int(rng.choice([0, 1, capacity, int(rng.integers(0, capacity + 1))]))
+            first = int(rng.integers(0, 4))
+            if kind == 1:  # edges: empty, one token, around the chunk size
+                choices = [0, 0, 1, chunk_size - 1, chunk_size, chunk_size + 1, 2 * chunk_size + 1]
+            elif kind == 2:  # mostly empty
+                choices = [0, 0, 0, 0, 1]
+            else:  # short ones
+                choices = [1, 1, 3]
+            lengths = [int(rng.integers(0, 20)) for _ in range(first)] + list(rng.choice(choices, size=n))
+            if kind == 3 and n:  # and one long prompt: rows spanning several programs
+                lengths[first + int(rng.integers(0, n))] = 700 * chunk_size + 1
+            b = from_lengths(lengths + [int(rng.integers(0, 9))] * int(rng.integers(0, 2)), first_seq=first)
+            b = type(b)(b.query_start_loc, first, n)  # the trailing request is after the slice
+        made.append(type(b)([v + base for v in b.query_start_loc], b.first_seq, b.num_seqs))
+    return made
+
+
+def check(capacity: int, pad, qsl_t: str, count: int, chunk_size: int = 64, base: int = 0, **shape):
+    """Every table of ``count`` batches equals the reference (the exact layout's empty slices
+    launch nothing, as in chunkmeta.native, so they are not run)."""
+    fill, binary = host_binary(chunk_size, capacity, pad is not None, qsl_t, **shape)
+    rng = np.random.default_rng(capacity * 31 + len(qsl_t) + (pad == "tail") + 2 * (pad == "negative"))
+    cases, expected = [], []
+    for b in batches(rng, capacity, chunk_size, count, base):
+        ref = reference.chunk_metadata(b.query_start_loc, chunk_size, b.first_seq, b.num_seqs)
+        if pad is None:
+            if b.num_seqs == 0:
+                continue
+            cases.append((b.query_start_loc, b.first_seq, b.num_seqs, ref.num_chunks, b.num_seqs, 0))
+        else:
+            seqs_out, pad_seq = (capacity + 1, capacity) if pad == "tail" else (capacity, -1)
+            rows = ref.num_chunks + int(rng.integers(0, 2 * fill.block_rows))  # the builder's row capacity
+            ref = reference.padded_chunk_metadata(b.query_start_loc, chunk_size, seqs_out, rows, pad_seq,
+                                                  b.first_seq, b.num_seqs)
+            cases.append((b.query_start_loc, b.first_seq, b.num_seqs, rows, seqs_out, pad_seq))
+        expected.append((ref.cu_seqlens, ref.chunk_offsets, [list(r) for r in ref.chunk_indices]))
+    assert cases
+    for case, want, got in zip(cases, expected, run_fill(binary, cases)):
+        assert got == want, f"capacity {capacity}, pad {pad}, {qsl_t}, {shape}: case {case[1:]}"
+
+
+@pytest.mark.parametrize("pad", [None, "tail", "negative"])
+@pytest.mark.parametrize("capacity", [1, 33, 64, 200, 1024])
+def test_layouts_and_capacities(capacity, pad):
+    # 1 and 33: fewer sequences than a warp; 64: one per thread; 200: not a power of two;
+    # 1024: four per thread (the 1024 x 64k benchmark's shape)
+    check(capacity, pad, "int", count=24)
+
+
+@pytest.mark.parametrize("pad", [None, "tail", "negative"])
+def test_int64_offsets_past_int32(pad):
+    check(200, pad, "long long", count=24, base=3_000_000_000)
+
+
+def test_4096_sequences():
+    check(4096, None, "int", count=4)  # eight sequences per thread, 512 threads
+
+
+@pytest.mark.parametrize("shape", [dict(threads=64, block_rows=1024), dict(threads=1024, block_rows=1024),
+                                   dict(threads=128, block_rows=512)])
+def test_sweep_launch_shapes(shape):
+    check(1024 if shape["threads"] < 1024 else 256, None, "int", count=8, **shape)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 4096])
+def test_other_chunk_sizes(chunk_size):
+    check(100, "tail", "int", count=12, chunk_size=chunk_size)
+
+
+def test_a_sequence_near_the_int32_token_limit():
+    # 524,287 rows: wide programs keep the block count (and the test) small
+    fill, binary = host_binary(4096, 2, False, "int", threads=256, block_rows=256 * 64)
+    q = [5, 5 + 2**31 - 1 - 4096 - 10, 2**31 - 1 - 4096]
+    ref = reference.chunk_metadata(q, 4096, 0, 2)
+    (got,) = run_fill(binary, [(q, 0, 2, ref.num_chunks, 2, 0)])
+    assert got == (ref.cu_seqlens, ref.chunk_offsets, [list(r) for r in ref.chunk_indices])
+
+
+def test_the_harness_catches_a_wrong_kernel(monkeypatch):
+    """The check is not vacuous: the fill with its search off by one (``<`` for ``<=``) fails."""
+    broken = cuda_fill._SOURCE.replace("const bool in_a = a <= target", "const bool in_a = a < target")
+    assert broken != cuda_fill._SOURCE
+    monkeypatch.setattr(cuda_fill, "_SOURCE", broken)
+    host_binary.cache_clear()
+    try:
+        with pytest.raises(AssertionError):
+            check(64, None, "int", count=8)
+    finally:
+        host_binary.cache_clear()

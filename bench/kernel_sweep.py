@@ -28,11 +28,22 @@ from chunkmeta.workloads import workload
 CASES = [(1, 4096, 256), (128, 32768, 256), (1024, 65536, 1024), (4096, 1 << 20, 4096)]
 
 
+def slow_launch_us(launch) -> float:
+    """Device µs per call, median of 5 x 200, of a launch that is slow on the host (Triton's JIT,
+    ctypes): queued behind a lead long enough that the GPU never waits for the host."""
+    return device_us_per_call(launch, calls=200, lead_us=200 * 200.0, repeats=5)
+
+
+def rows_exact(launch, indices, nt, ref) -> bool:
+    """Whether one ``launch`` writes the reference's rows; ref None skips the check."""
+    indices.fill_(-1)  # no earlier configuration's rows may pass for this one's
+    launch()
+    return ref is None or [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
+
+
 def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     """(device µs per launch, exact?) for one configuration; ref None skips the check."""
-    indices.fill_(-1)  # no earlier configuration's rows may pass for this one's
-    fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs)
-    ok = ref is None or [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
+    ok = rows_exact(lambda: fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs), indices, nt, ref)
     args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
             0, num_seqs, nt, num_seqs, 0)
     return device_us_per_call(lambda: fill.launch(*args), calls=200, repeats=5), ok
@@ -74,9 +85,7 @@ def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
                               BLOCK_ROWS=fill.block_rows, num_warps=fill.num_warps)
 
     launch()
-    # launched through the JIT (tens of µs of host time each): a longer queued lead than the
-    # default 50 µs a call, so that the GPU never waits for the host between launches
-    return device_us_per_call(launch, calls=200, lead_us=200 * 200.0, repeats=5)
+    return slow_launch_us(launch)  # launched through the JIT: tens of µs of host time each
 
 
 def empty_launch_us(calls: int = 200, lead_us: float = 200 * 200.0) -> float:
@@ -97,20 +106,20 @@ def time_cuda_fill(cuda, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     stream = torch.cuda.current_stream().cuda_stream
     args = (qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
             0, num_seqs, nt, num_seqs, 0)
-    indices.fill_(-1)
-    cuda.launch(kernel[0], stream, *args)
-    ok = [tuple(r) for r in indices[:nt].tolist()] == ref.chunk_indices
-    us = device_us_per_call(lambda: cuda.launch(kernel[0], stream, *args), calls=200, lead_us=200 * 200.0,
-                            repeats=5)
-    return us, ok
+
+    def launch():
+        cuda.launch(kernel[0], stream, *args)
+
+    ok = rows_exact(launch, indices, nt, ref)
+    return slow_launch_us(launch), ok
 
 
 # (THREADS, BLOCK_ROWS) of the CUDA C fill tried per workload
 CUDA_CONFIGS = [(threads, rows) for threads in (64, 128, 256, 512, 1024) for rows in (64, 128, 256, 512, 1024)
                 if rows >= threads]
 
-EMPTY_CUDA = b'extern "C" __global__ void empty_fill(const int *a, const int *b, int *c, long long *d, ' \
-             b'long long *e, int f, int g, int h, int i, int j) {}'
+EMPTY_CUDA = 'extern "C" __global__ void empty_fill(const int *a, const int *b, int *c, long long *d, ' \
+             'long long *e, int f, int g, int h, int i, int j) {}'
 
 
 IO_FLOOR_CUDA = r"""
@@ -145,28 +154,14 @@ extern "C" __global__ void io_floor_fill(const int *q, const int *params, int *c
 """
 
 
-def io_floor_cuda_us(cuda, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
-    """The I/O floor of the CUDA C fill's launch shape (its values are meaningless)."""
-    head = "".join(f"#define {name} {value}\n" for name, value in cuda.defines)
-    function = cuda_fill.load_function(cuda_fill.compile_cubin((head + IO_FLOOR_CUDA).encode(),
-                                                               torch.cuda.get_device_capability()),
-                                       qsl.device, b"io_floor_fill")
+def diagnostic_cuda_us(body: str, entry: bytes, cuda, grid: int, pointers, int32s) -> float:
+    """Device µs per launch of a diagnostic CUDA kernel ``body``, compiled with the defines of the
+    CUDA C fill shape ``cuda`` and launched at ``grid`` x its threads."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    image = cuda_fill.compile_cubin(cuda_fill._source("int", cuda.defines, body), torch.cuda.get_device_capability())
+    function = cuda_fill.load_function(image, device, entry)
     stream = torch.cuda.current_stream().cuda_stream
-    pointers = [qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr()]
-    grid = -(-nt // cuda.block_rows)
-    return device_us_per_call(lambda: cuda_fill.launch(function, grid, cuda.threads, stream, pointers,
-                                                       [0, num_seqs, nt, num_seqs, 0]),
-                              calls=200, lead_us=200 * 200.0, repeats=5)
-
-
-def empty_cuda_us(grid: int, threads: int) -> float:
-    """An empty CUDA kernel with the fill's parameters at the fill's grid and block: the launch
-    floor of that shape."""
-    function = cuda_fill.load_function(cuda_fill.compile_cubin(EMPTY_CUDA, torch.cuda.get_device_capability()),
-                                       torch.device("cuda", torch.cuda.current_device()), b"empty_fill")
-    stream = torch.cuda.current_stream().cuda_stream
-    return device_us_per_call(lambda: cuda_fill.launch(function, grid, threads, stream, [0] * 5, [0] * 5),
-                              calls=200, lead_us=200 * 200.0, repeats=5)
+    return slow_launch_us(lambda: cuda_fill.launch(function, grid, cuda.threads, stream, pointers, int32s))
 
 
 def cuda_line(capacity, tensors, ref) -> str:
@@ -181,11 +176,14 @@ def cuda_line(capacity, tensors, ref) -> str:
         results.append((timed, f"{threads}/{rows}"))
     results.sort()
     wrong = [config for (_, ok), config in results if not ok]
-    nt = tensors[-1]
+    qsl, params, cu, indices, offsets, num_seqs, nt = tensors
     grid = -(-nt // default.block_rows)
+    empty = diagnostic_cuda_us(EMPTY_CUDA, b"empty_fill", default, grid, [0] * 5, [0] * 5)
+    pointers = [qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr()]
+    io_floor = diagnostic_cuda_us(IO_FLOOR_CUDA, b"io_floor_fill", default, grid, pointers,
+                                  [0, num_seqs, nt, num_seqs, 0])
     return (f"CUDA C fill: default {default.threads}/{default.block_rows} {chosen[0]:.2f}"
-            f" (empty kernel, {grid} x {default.threads} threads: {empty_cuda_us(grid, default.threads):.2f};"
-            f" I/O floor: {io_floor_cuda_us(default, *tensors):.2f})"
+            f" (empty kernel, {grid} x {default.threads} threads: {empty:.2f}; I/O floor: {io_floor:.2f})"
             f"{'' if chosen[1] else ' WRONG'}" + (f"; WRONG: {wrong}" if wrong else "") + " | "
             + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:8]))
 

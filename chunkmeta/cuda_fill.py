@@ -30,6 +30,8 @@ import sys
 
 import torch
 
+from chunkmeta.plan import next_pow2
+
 # One program: THREADS threads, each owning SEQS_PER_THREAD consecutive sequences (their offsets
 # in registers) and ROWS_PER_THREAD rows spaced THREADS apart, so that a warp's 8-byte row stores
 # are coalesced. SEQ_LANES is a power of two >= THREADS: the sequences every program scans.
@@ -158,10 +160,6 @@ _MAX_SEQ_LANES = 8192  # 32 KiB of static shared memory (the static limit is 48 
 _modules: dict[tuple, int] = {}  # (device, offsets type, defines) -> CUfunction (0: failed), per process
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def launch_shape(block_seqs: int) -> tuple[int, int]:
     """``(SEQ_LANES, THREADS)`` for a sequence capacity; a program owns THREADS rows (one each).
 
@@ -172,7 +170,7 @@ def launch_shape(block_seqs: int) -> tuple[int, int]:
     1024-thread ones 0.79-0.90 more (in the two sweeps that printed them). At 4096, 512 threads
     beat 1024 by 0.33-0.41 µs and 256 by 0.79-1.24.
     """
-    lanes = max(_next_pow2(block_seqs), 32)
+    lanes = max(next_pow2(block_seqs), 32)
     return lanes, min(lanes, 256 if lanes <= 1024 else 512)
 
 
@@ -230,9 +228,10 @@ def launch(function: int, grid: int, threads: int, stream: int, pointers, int32s
                                   params, None), "cuLaunchKernel")
 
 
-def _source(qsl_t: str, defines) -> bytes:
+def _source(qsl_t: str, defines, body: str | None = None) -> bytes:
+    """``body`` (default: the fill; or a diagnostic kernel of the same shape) after its defines."""
     head = "".join(f"#define {name} {value}\n" for name, value in defines)
-    return (f"#define QSL_T {qsl_t}\n" + head + _SOURCE).encode()
+    return (f"#define QSL_T {qsl_t}\n" + head + (_SOURCE if body is None else body)).encode()
 
 
 # -- NVRTC and the driver, through ctypes (one-time work per kernel shape) ------------------

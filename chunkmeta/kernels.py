@@ -17,9 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+from chunkmeta.plan import next_pow2
 
 
 @triton.jit(
@@ -210,7 +208,7 @@ class TritonFill:
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
                  block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None,
                  row_search: bool = True):
-        self.block_seqs = _next_pow2(max(block_seqs, 2))
+        self.block_seqs = next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 256 sequences, 128-, 256-
         # and 512-row programs are within ~0.1 µs of each other (256 kept); from 1024, 512-row
         # programs (at 1024: 0.00-0.11 µs faster than 256 in the three sweeps since every

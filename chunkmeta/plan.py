@@ -64,6 +64,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): the kernels' lane and block counts."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def capacity_for(max_num_seqs: int, max_num_tokens: int, chunk_size: int) -> Capacity:
     """Validate a builder's sizes and return its capacity (chunk rows included)."""
     check_chunk_size(chunk_size)

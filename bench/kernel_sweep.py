@@ -123,32 +123,34 @@ EMPTY_CUDA = 'extern "C" __global__ void empty_fill(const int *a, const int *b, 
 
 
 IO_FLOOR_CUDA = r"""
-#define SEQS_PER_THREAD (SEQ_LANES / THREADS)
 extern "C" __global__ void io_floor_fill(const int *q, const int *params, int *cu, long long *rows,
                                          long long *offsets, int first_seq, int num_seqs, int num_rows,
                                          int seqs_out, int pad_seq) {
-  /* the CUDA fill's memory traffic alone: each thread's offsets loaded, its share of cu_seqlens
-     and chunk_offsets and its rows stored; one barrier ties the rows to every load */
-  const int tid = threadIdx.x, first = tid * SEQS_PER_THREAD;
-  int offs[SEQS_PER_THREAD + 1], sum = 0;
+  /* the CUDA fill's memory traffic alone, in its layout (SEQ): each thread's offsets loaded, its
+     rows stored, then its program's share of cu_seqlens and chunk_offsets; one barrier ties the
+     stores to every load */
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int starts[SEQS_PER_THREAD], stops[SEQS_PER_THREAD], sum = 0;
 #pragma unroll
-  for (int j = 0; j <= SEQS_PER_THREAD; j++) offs[j] = first + j <= num_seqs ? q[first + j] : 0;
+  for (int j = 0; j < SEQS_PER_THREAD; j++) starts[j] = SEQ(j) < num_seqs ? q[SEQ(j)] : 0;
 #pragma unroll
-  for (int j = 0; j <= SEQS_PER_THREAD; j++) sum += offs[j];
+  for (int j = 0; j < SEQS_PER_THREAD; j++) stops[j] = SEQ(j) < num_seqs ? q[SEQ(j) + 1] : 0;
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) sum += starts[j] + stops[j];
   const int tied = __syncthreads_or(sum == 0x7fffffff);
-  const int share = (seqs_out + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * share;
 #pragma unroll
-  for (int j = 0; j < SEQS_PER_THREAD; j++) {
-    const int s = first + j;
-    if (s >= lo && s < lo + share && s < seqs_out) {
-      cu[1 + s] = offs[j + 1];
-      offsets[1 + s] = offs[j];
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < BLOCK_ROWS / THREADS; k++) {
+  for (int k = 0; k < ROWS_PER_THREAD; k++) {
     const int r = blockIdx.x * BLOCK_ROWS + k * THREADS + tid;
     if (r < num_rows) rows[r] = r + tied;
+  }
+  const int lo = blockIdx.x * THREADS, hi = blockIdx.x + 1 == gridDim.x ? seqs_out : min(lo + THREADS, seqs_out);
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) {
+    const int s = SEQ(j);
+    if (s >= lo && s < hi) {
+      cu[1 + s] = stops[j];
+      offsets[1 + s] = starts[j];
+    }
   }
 }
 """

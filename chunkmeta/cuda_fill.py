@@ -3,12 +3,23 @@
 Same job, same parameters and same results as ``chunkmeta.kernels.chunk_metadata_kernel``,
 which stays the portable path (Triton's CPU interpreter, ROCm, a machine without NVRTC, the
 CUDA-graph mode) and the one the first build of each layout launches. What CUDA C can do that
-Triton cannot is place shared memory by hand. Here each warp's chunk ends go to shared memory
-once, behind the kernel's only barrier. A row then finds its warp among the warps' totals, held
-in registers, and its sequence among that warp's ends with a radix-4 search: three independent
-shared-memory loads per level. Triton instead re-stages the searched array for every
-``tl.gather``, a store and two barriers per round. At 1024 sequences that was where its
-kernel's time above the I/O floor went (bench/RESULTS.md).
+Triton cannot is place shared memory and order the work by hand:
+
+* Each warp's chunk ends go to shared memory once, behind the kernel's only barrier. A row then
+  finds its warp among the warps' totals, held in registers, and its sequence among that warp's
+  ends with a radix-4 search: three independent shared-memory loads per level. Triton instead
+  re-stages the searched array for every ``tl.gather``, a store and two barriers per round. At
+  1024 sequences that was where its kernel's time above the I/O floor went (bench/RESULTS.md).
+* A warp takes its sequences in rounds of 32, one per lane, so that every load and store of a
+  round is one contiguous run and the shared-memory stores have no bank conflicts. Giving each
+  thread consecutive sequences instead needs one warp scan in place of one per round, but
+  spreads every load over four times the lines.
+* The rows, the longest chain of dependent work, are stored first; ``cu_seqlens`` and
+  ``chunk_offsets`` after them, split between programs without a division.
+
+Against the previous kernel (consecutive sequences per thread, those stores first), the two
+took 0.12-0.22 µs off at 1024 sequences and 0.4-0.5 at 4096, and tied at 256
+(bench/results/kernel_search_variants.txt, items 8-10).
 
 Only ``chunkmeta.native`` launches it in a build: ``cuLaunchKernel`` from C, with the parameter
 layout checked there by ``cuFuncGetParamInfo``. The kernel takes ``chunk_metadata_kernel``'s
@@ -32,17 +43,22 @@ import torch
 
 from chunkmeta.plan import next_pow2
 
-# One program: THREADS threads, each owning SEQS_PER_THREAD consecutive sequences (their offsets
-# in registers) and ROWS_PER_THREAD rows spaced THREADS apart, so that a warp's 8-byte row stores
-# are coalesced. SEQ_LANES is a power of two >= THREADS: the sequences every program scans.
-# Lanes past num_seqs hold NO_END, so every search stays inside its warp's lanes.
-_SOURCE = r"""
+# One program: THREADS threads, WARPS warps. Warp w owns WARP_LANES consecutive sequences and takes
+# them in SEQS_PER_THREAD rounds of 32, one per lane: in round j lane l holds sequence
+# SEQ(j) = w * WARP_LANES + 32 j + l, so each round's loads and stores are one contiguous run.
+# A thread also owns ROWS_PER_THREAD rows spaced THREADS apart, so that a warp's 8-byte row
+# stores are coalesced. SEQ_LANES is a power of two >= THREADS: the sequences every program
+# scans. Lanes past num_seqs hold NO_END, so every search stays inside its warp's lanes.
+_LAYOUT = r"""
 #define SEQS_PER_THREAD (SEQ_LANES / THREADS)
 #define WARP_LANES (32 * SEQS_PER_THREAD) /* the sequences of one warp */
 #define ROWS_PER_THREAD (BLOCK_ROWS / THREADS)
 #define WARPS (THREADS / 32)
 #define NO_END 0x7fffffff
+#define SEQ(j) (warp * WARP_LANES + 32 * (j) + lane)
+"""
 
+_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(THREADS)
 chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__restrict__ step_params,
                     int *__restrict__ cu_seqlens, long long *__restrict__ chunk_indices,
@@ -53,37 +69,43 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
   __shared__ int warp_chunks[WARPS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const QSL_T *q = query_start_loc + first_seq;
-  const int first = tid * SEQS_PER_THREAD;
 
-  /* every load first: this thread's offsets q[first .. first + SEQS_PER_THREAD] and the base */
-  QSL_T offs[SEQS_PER_THREAD + 1];
+  /* every load first: each sequence's start and stop offsets, and the base */
+  QSL_T starts[SEQS_PER_THREAD], stops[SEQS_PER_THREAD];
 #pragma unroll
-  for (int j = 0; j <= SEQS_PER_THREAD; j++) offs[j] = first + j <= num_seqs ? q[first + j] : (QSL_T)0;
+  for (int j = 0; j < SEQS_PER_THREAD; j++) starts[j] = SEQ(j) < num_seqs ? q[SEQ(j)] : (QSL_T)0;
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) stops[j] = SEQ(j) < num_seqs ? q[SEQ(j) + 1] : (QSL_T)0;
   const QSL_T base = q[0];
   const int num_tokens = PADDED ? (int)(q[num_seqs] - base) : 0;
 
-  /* chunks per sequence, their running sum in this thread, then across the warp */
+  /* chunks per sequence, then their running sum through the warp's sequences in order: one warp
+     scan per round, the rounds interleaved, then each round carried past the ones before it */
   int ends[SEQS_PER_THREAD];
-  int mine = 0;
 #pragma unroll
   for (int j = 0; j < SEQS_PER_THREAD; j++) {
     /* lengths fit int32 (host-validated): the unsigned add cannot wrap */
-    unsigned len = first + j < num_seqs ? (unsigned)(offs[j + 1] - offs[j]) : 0u;
-    mine += (int)((len + ((1u << CHUNK_SHIFT) - 1u)) >> CHUNK_SHIFT);
-    ends[j] = mine;
+    unsigned len = SEQ(j) < num_seqs ? (unsigned)(stops[j] - starts[j]) : 0u;
+    ends[j] = (int)((len + ((1u << CHUNK_SHIFT) - 1u)) >> CHUNK_SHIFT);
   }
-  int upto = mine;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    int other = __shfl_up_sync(0xffffffffu, upto, d);
-    if (lane >= d) upto += other;
+#pragma unroll
+    for (int j = 0; j < SEQS_PER_THREAD; j++) {
+      int other = __shfl_up_sync(0xffffffffu, ends[j], d);
+      if (lane >= d) ends[j] += other;
+    }
   }
-  if (lane == 31) warp_chunks[warp] = upto;
+  int rounds_before = 0;
 #pragma unroll
   for (int j = 0; j < SEQS_PER_THREAD; j++) {
-    ends[j] += upto - mine;
-    warp_ends[first + j] = first + j < num_seqs ? ends[j] : NO_END;
+    const int round = __shfl_sync(0xffffffffu, ends[j], 31);
+    ends[j] += rounds_before;
+    rounds_before += round;
   }
+  if (lane == 31) warp_chunks[warp] = rounds_before;
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) warp_ends[SEQ(j)] = SEQ(j) < num_seqs ? ends[j] : NO_END;
   __syncthreads(); /* the only barrier */
 
   /* each warp's last chunk end, in every thread's registers: NT, and where each warp starts */
@@ -94,23 +116,6 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
     before += w < warp ? warp_chunks[w] : 0;
     num_chunks += warp_chunks[w];
     warp_last[w] = num_chunks;
-  }
-
-  /* cu_seqlens[1:] and chunk_offsets[1:]: each program stores an equal share */
-  const int share = (seqs_out + gridDim.x - 1) / gridDim.x;
-  const int lo = blockIdx.x * share, hi = min(lo + share, seqs_out);
-#pragma unroll
-  for (int j = 0; j < SEQS_PER_THREAD; j++) {
-    const int s = first + j;
-    if (s >= lo && s < hi) {
-      const bool real = !PADDED || s < num_seqs; /* padded tails repeat (T, NT) */
-      cu_seqlens[1 + s] = real ? (int)(offs[j + 1] - base) : num_tokens;
-      chunk_offsets[1 + s] = real ? before + ends[j] : num_chunks;
-    }
-  }
-  if (PADDED && blockIdx.x == 0 && tid == 0) {
-    cu_seqlens[seqs_out] = num_tokens;
-    chunk_offsets[seqs_out] = num_chunks;
   }
 
   /* each row's sequence is the number of chunk ends at or before it: first its warp (the warps
@@ -152,6 +157,23 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
       chunk_indices[r] = (long long)(unsigned)seq | ((long long)chunk << 32);
     }
   }
+
+  /* cu_seqlens[1:] and chunk_offsets[1:] last, off the rows' longer chain: program b stores
+     THREADS sequences from b * THREADS on, the last program the rest (no division) */
+  const int lo = blockIdx.x * THREADS, hi = blockIdx.x + 1 == gridDim.x ? seqs_out : min(lo + THREADS, seqs_out);
+#pragma unroll
+  for (int j = 0; j < SEQS_PER_THREAD; j++) {
+    const int s = SEQ(j);
+    if (s >= lo && s < hi) {
+      const bool real = !PADDED || s < num_seqs; /* padded tails repeat (T, NT) */
+      cu_seqlens[1 + s] = real ? (int)(stops[j] - base) : num_tokens;
+      chunk_offsets[1 + s] = real ? before + ends[j] : num_chunks;
+    }
+  }
+  if (PADDED && blockIdx.x == 0 && tid == 0) {
+    cu_seqlens[seqs_out] = num_tokens;
+    chunk_offsets[seqs_out] = num_chunks;
+  }
 }
 """
 
@@ -163,12 +185,12 @@ _modules: dict[tuple, int] = {}  # (device, offsets type, defines) -> CUfunction
 def launch_shape(block_seqs: int) -> tuple[int, int]:
     """``(SEQ_LANES, THREADS)`` for a sequence capacity; a program owns THREADS rows (one each).
 
-    Measured on an H200 in four sweeps of 15-17 shapes (bench/results/kernel_sweep.txt,
-    kernel_sweep_cuda_*.txt, kernel_search_variants.txt item 7): 256 threads up to 1024
-    sequences, 512 above. At 1024 sequences, 256-thread programs of one row per thread were the
-    fastest or tied within one timer step; 128-thread programs took 0.00-0.33 µs more, and
-    1024-thread ones 0.79-0.90 more (in the two sweeps that printed them). At 4096, 512 threads
-    beat 1024 by 0.33-0.41 µs and 256 by 0.79-1.24.
+    Measured on an H200 in sweeps of 15-24 shapes (bench/results/kernel_sweep*.txt,
+    kernel_search_variants.txt items 7-10): 256 threads up to 1024 sequences, 512 above. At 1024
+    sequences, 256-thread programs of one row per thread were the fastest or tied within one
+    timer step; 128-thread and 512-thread programs took up to 0.2 µs more, 1024-thread ones
+    0.8-0.9 more. At 4096, in this kernel's layout, 512 threads beat 256 by 0.1-0.2 µs and 128
+    by 0.9.
     """
     lanes = max(next_pow2(block_seqs), 32)
     return lanes, min(lanes, 256 if lanes <= 1024 else 512)
@@ -231,7 +253,7 @@ def launch(function: int, grid: int, threads: int, stream: int, pointers, int32s
 def _source(qsl_t: str, defines, body: str | None = None) -> bytes:
     """``body`` (default: the fill; or a diagnostic kernel of the same shape) after its defines."""
     head = "".join(f"#define {name} {value}\n" for name, value in defines)
-    return (f"#define QSL_T {qsl_t}\n" + head + (_SOURCE if body is None else body)).encode()
+    return (f"#define QSL_T {qsl_t}\n" + head + _LAYOUT + (_SOURCE if body is None else body)).encode()
 
 
 # -- NVRTC and the driver, through ctypes (one-time work per kernel shape) ------------------

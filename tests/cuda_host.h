@@ -3,9 +3,10 @@
    a grid one after another (the same THREADS threads run every block). It provides exactly what that kernel uses, with CUDA's meaning:
    - threadIdx / blockIdx / gridDim (x only);
    - __syncthreads(): a barrier of the block's threads;
-   - __shfl_up_sync(mask, v, d): lane L gets lane L - d's v when L >= d, its own v otherwise. The
-     kernel calls it uniformly (every thread, the same number of times), so a block-wide
-     exchange through a buffer between two barriers gives each warp's answer;
+   - __shfl_up_sync(mask, v, d): lane L gets lane L - d's v when L >= d, its own v otherwise;
+   - __shfl_sync(mask, v, src): every lane gets lane src's v.
+   The kernel calls the shuffles uniformly (every thread, the same number of times), so a
+   block-wide exchange through a buffer between two barriers gives each warp's answer;
    - __shared__: a function-local static, one copy for the block that is running;
    - __global__, __launch_bounds__, __restrict__: nothing.
    The main program (cuda_host_main) reads cases from stdin and prints the three tables. */
@@ -31,6 +32,15 @@ static inline int __shfl_up_sync(unsigned, int value, int delta) {
   block_barrier->arrive_and_wait();
   const int got = lane >= delta ? shuffle_slots[tid - delta] : value;
   block_barrier->arrive_and_wait(); /* nobody overwrites a slot before every thread read */
+  return got;
+}
+
+static inline int __shfl_sync(unsigned, int value, int source_lane) {
+  const int tid = threadIdx.x;
+  shuffle_slots[tid] = value;
+  block_barrier->arrive_and_wait();
+  const int got = shuffle_slots[(tid & ~31) + source_lane];
+  block_barrier->arrive_and_wait();
   return got;
 }
 

@@ -39,12 +39,11 @@ def build_dir() -> Path:
 
 
 @functools.cache
-def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, threads=None, block_rows=None):
+def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, **shape):
     """(the fill's launch shape, the compiled host program), or a skip without a C++20 compiler."""
     if CXX is None:
         pytest.skip("no C++ compiler (g++ or clang++) here")
-    fill = cuda_fill.CudaFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, threads=threads,
-                              block_rows=block_rows)
+    fill = cuda_fill.CudaFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, **shape)
     source = ('#include "cuda_host.h"\n' + cuda_fill._source(qsl_t, fill.defines).decode()
               + '\n#include "cuda_host_main.h"\n')
     name = hashlib.sha1(source.encode()).hexdigest()[:16]

@@ -188,9 +188,9 @@ def launch_shape(block_seqs: int) -> tuple[int, int]:
     Measured on an H200 in sweeps of 15-24 shapes (bench/results/kernel_sweep*.txt,
     kernel_search_variants.txt items 7-10): 256 threads up to 1024 sequences, 512 above. At 1024
     sequences, 256-thread programs of one row per thread were the fastest or tied within one
-    timer step; 128-thread and 512-thread programs took up to 0.2 µs more, 1024-thread ones
-    0.8-0.9 more. At 4096, in this kernel's layout, 512 threads beat 256 by 0.1-0.2 µs and 128
-    by 0.9.
+    timer step; 128-thread and 512-thread programs took 0.05-0.25 µs more, 1024-thread ones
+    0.8-0.9 more. At 4096, in this kernel's layout, 512 threads beat 256 by 0.16-0.26 µs and
+    128 by 0.4-1.0.
     """
     lanes = max(next_pow2(block_seqs), 32)
     return lanes, min(lanes, 256 if lanes <= 1024 else 512)

@@ -13,12 +13,12 @@ Triton cannot is place shared memory and order the work by hand:
 * A warp takes its sequences in rounds of 32, one per lane, so that every load and store of a
   round is one contiguous run and the shared-memory stores have no bank conflicts. Giving each
   thread consecutive sequences instead needs one warp scan in place of one per round, but
-  spreads every load over four times the lines.
+  spreads every load over SEQS_PER_THREAD times the lines (four at 1024 sequences).
 * The rows, the longest chain of dependent work, are stored first; ``cu_seqlens`` and
   ``chunk_offsets`` after them, split between programs without a division.
 
 Against the previous kernel (consecutive sequences per thread, those stores first), the two
-took 0.12-0.22 µs off at 1024 sequences and 0.4-0.5 at 4096, and tied at 256
+took 0.12-0.22 µs off at 1024 sequences and 0.4-0.5 at 4096, and tied or cost up to 0.03 at 256
 (bench/results/kernel_search_variants.txt, items 8-10).
 
 Only ``chunkmeta.native`` launches it in a build: ``cuLaunchKernel`` from C, with the parameter
@@ -188,9 +188,9 @@ def launch_shape(block_seqs: int) -> tuple[int, int]:
     Measured on an H200 in sweeps of 15-24 shapes (bench/results/kernel_sweep*.txt,
     kernel_search_variants.txt items 7-10): 256 threads up to 1024 sequences, 512 above. At 1024
     sequences, 256-thread programs of one row per thread were the fastest or tied within one
-    timer step; 128-thread and 512-thread programs took 0.05-0.25 µs more, 1024-thread ones
-    0.8-0.9 more. At 4096, in this kernel's layout, 512 threads beat 256 by 0.16-0.26 µs and
-    128 by 0.4-1.0.
+    timer step: in this kernel's layout 128-thread ones took 0.05-0.22 µs more, 512-thread ones
+    0.21-0.25 and 1024-thread ones 0.8-0.9. At 4096, 512 threads beat 256 by 0.16-0.26 µs and
+    128 by 0.82-0.96.
     """
     lanes = max(next_pow2(block_seqs), 32)
     return lanes, min(lanes, 256 if lanes <= 1024 else 512)

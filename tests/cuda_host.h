@@ -4,9 +4,9 @@
    - threadIdx / blockIdx / gridDim (x only);
    - __syncthreads(): a barrier of the block's threads;
    - __shfl_up_sync(mask, v, d): lane L gets lane L - d's v when L >= d, its own v otherwise;
-   - __shfl_sync(mask, v, src): every lane gets lane src's v.
-   The kernel calls the shuffles uniformly (every thread, the same number of times), so a
-   block-wide exchange through a buffer between two barriers gives each warp's answer;
+   - __shfl_sync(mask, v, src): every lane gets lane src's v (src < 32);
+     the kernel calls both uniformly (every thread, the same number of times), so a block-wide
+     exchange through a buffer between two barriers gives each warp's answer;
    - __shared__: a function-local static, one copy for the block that is running;
    - __global__, __launch_bounds__, __restrict__: nothing.
    The main program (cuda_host_main) reads cases from stdin and prints the three tables. */

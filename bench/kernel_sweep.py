@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 from anchors import empty_kernel
 
-from chunkmeta import reference
-from chunkmeta import cuda_fill
+from chunkmeta import cuda_fill, reference
 from chunkmeta.cuda_fill import CudaFill
 from chunkmeta.kernels import TritonFill
 from chunkmeta.timing import device_us_per_call
@@ -143,7 +142,7 @@ extern "C" __global__ void io_floor_fill(const int *q, const int *params, int *c
     const int r = blockIdx.x * BLOCK_ROWS + k * THREADS + tid;
     if (r < num_rows) rows[r] = r + tied;
   }
-  const int lo = blockIdx.x * THREADS, hi = blockIdx.x + 1 == gridDim.x ? seqs_out : min(lo + THREADS, seqs_out);
+  const int lo = STORES_BEGIN, hi = STORES_END(seqs_out);
 #pragma unroll
   for (int j = 0; j < SEQS_PER_THREAD; j++) {
     const int s = SEQ(j);

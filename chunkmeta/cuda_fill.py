@@ -41,7 +41,7 @@ import sys
 
 import torch
 
-from chunkmeta.plan import next_pow2
+from chunkmeta.plan import cdiv, next_pow2
 
 # One program: THREADS threads, WARPS warps. Warp w owns WARP_LANES consecutive sequences and takes
 # them in SEQS_PER_THREAD rounds of 32, one per lane: in round j lane l holds sequence
@@ -56,6 +56,10 @@ _LAYOUT = r"""
 #define WARPS (THREADS / 32)
 #define NO_END 0x7fffffff
 #define SEQ(j) (warp * WARP_LANES + 32 * (j) + lane)
+/* the sequences whose cu_seqlens / chunk_offsets entries program b stores: THREADS of them from
+   b * THREADS on, the last program the rest (no division) */
+#define STORES_BEGIN ((int)(blockIdx.x * THREADS))
+#define STORES_END(seqs_out) (blockIdx.x + 1 == gridDim.x ? (seqs_out) : min(STORES_BEGIN + THREADS, (seqs_out)))
 """
 
 _SOURCE = r"""
@@ -158,9 +162,8 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
     }
   }
 
-  /* cu_seqlens[1:] and chunk_offsets[1:] last, off the rows' longer chain: program b stores
-     THREADS sequences from b * THREADS on, the last program the rest (no division) */
-  const int lo = blockIdx.x * THREADS, hi = blockIdx.x + 1 == gridDim.x ? seqs_out : min(lo + THREADS, seqs_out);
+  /* cu_seqlens[1:] and chunk_offsets[1:] last, off the rows' longer chain */
+  const int lo = STORES_BEGIN, hi = STORES_END(seqs_out);
 #pragma unroll
   for (int j = 0; j < SEQS_PER_THREAD; j++) {
     const int s = SEQ(j);
@@ -239,7 +242,7 @@ class CudaFill:
     def launch(self, function: int, stream: int, *args: int) -> None:
         """One launch through ctypes (diagnostics: slow on the host). ``args``: the kernel's 5
         pointers then its 5 int32 scalars, as ``chunk_metadata_kernel`` takes them."""
-        launch(function, -(-args[7] // self.block_rows) or 1, self.threads, stream, args[:5], args[5:])
+        launch(function, max(cdiv(args[7], self.block_rows), 1), self.threads, stream, args[:5], args[5:])
 
 
 def launch(function: int, grid: int, threads: int, stream: int, pointers, int32s) -> None:

@@ -50,6 +50,14 @@ for block_rows, num_warps, scan_cols in ((128, 4, 16), (512, 16, 64), (128, 16, 
 """
 
 
+def cannot_compile(reason: str) -> None:
+    """Skip: this machine cannot compile for sm_90. Fail instead where the compile is the point
+    (make test-triton-compat sets CHUNKMETA_REQUIRE_SM90_COMPILE=1)."""
+    if os.environ.get("CHUNKMETA_REQUIRE_SM90_COMPILE") == "1":
+        pytest.fail(f"CHUNKMETA_REQUIRE_SM90_COMPILE=1 and {reason}")
+    pytest.skip(reason)
+
+
 def test_compiles_for_sm90():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -57,11 +65,8 @@ def test_compiles_for_sm90():
     missing = ("cannot find ptxas", "ptxas not found", "no such file", "cannot import name 'gputarget'",
                "cannot import name 'astsource'")
     if done.returncode and any(text in done.stderr.lower() for text in missing):
-        # a Triton without the CUDA toolchain or these entry points; a failing compile still fails,
-        # and so does this where the compile is the point (make test-triton-compat sets it)
-        if os.environ.get("CHUNKMETA_REQUIRE_SM90_COMPILE") == "1":
-            pytest.fail(f"CHUNKMETA_REQUIRE_SM90_COMPILE=1 and this Triton cannot compile: {done.stderr[-600:]}")
-        pytest.skip(f"this Triton cannot compile for sm_90 here: {done.stderr[-300:]}")
+        # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
+        cannot_compile(f"this Triton cannot compile for sm_90 here: {done.stderr[-600:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled") == 13, done.stdout
 
@@ -70,9 +75,7 @@ def test_cuda_fill_compiles_for_sm90():
     from chunkmeta import cuda_fill
 
     if cuda_fill.nvrtc_version() is None:
-        if os.environ.get("CHUNKMETA_REQUIRE_SM90_COMPILE") == "1":
-            pytest.fail("CHUNKMETA_REQUIRE_SM90_COMPILE=1 and no NVRTC here (make test-triton-compat installs it)")
-        pytest.skip("no NVRTC here (make test-triton-compat installs it)")
+        cannot_compile("no NVRTC here (make test-triton-compat installs it)")
     shapes = [dict(block_seqs=capacity) for capacity in (1, 64, 200, 256, 1000, 1024, 2048, 4096, 8192)]
     shapes += [dict(block_seqs=1024, threads=64, block_rows=1024), dict(block_seqs=256, threads=1024, block_rows=1024)]
     for shape in shapes:

@@ -43,18 +43,18 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy attrs pytest
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(COMPAT_VENV)/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"
-	$(COMPAT_VENV)/bin/python -c "from chunkmeta import cuda_fill; v = cuda_fill.nvrtc_version(); assert v == '$(basename $(NVRTC_COMPAT))', v"
+	$(COMPAT_VENV)/bin/python -c "from chunkmeta.fill import cuda_fill; v = cuda_fill.nvrtc_version(); assert v == '$(basename $(NVRTC_COMPAT))', v"
 	touch $(COMPAT_STAMP)
 
 # CHUNKMETA_REQUIRE_SM90_COMPILE: a Triton that cannot compile for sm_90 here fails, not skips
 test-triton-compat: $(COMPAT_STAMP)
 	CHUNKMETA_REQUIRE_SM90_COMPILE=1 $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra" \
-		tests/test_kernel_compiles.py
+		tests/kernels/test_kernel_compiles.py
 
 # Opt-in: the SGLang adapter against a real SGLang (CPU). Its own venv, .venv-sglang: SGLang's
 # wheel without its dependencies (it pins another torch), then the pure-Python/CPU packages its
 # backend modules import, every pip line pinned to torch==2.13.0 so nothing pulls another torch.
-# Never torchvision: tests/sglang_cpu_stubs.py stands in for it. `rm -rf .venv-sglang` to rebuild.
+# Never torchvision: tests/integrations/sglang/sglang_cpu_stubs.py stands in for it. `rm -rf .venv-sglang` to rebuild.
 .PHONY: test-sglang
 SGLANG_VERSION ?= 0.5.23
 SGLANG_VENV := .venv-sglang
@@ -77,7 +77,7 @@ $(SGLANG_STAMP): pyproject.toml
 	touch $(SGLANG_STAMP)
 
 test-sglang: $(SGLANG_STAMP)
-	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/test_sglang_real.py tests/test_sglang.py
+	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/integrations/sglang/test_sglang_real.py tests/integrations/sglang/test_sglang.py
 
 # Opt-in: the vLLM adapter against the real vLLM (CPU, VLLM_TARGET_DEVICE=cpu). Its own venv,
 # .venv-vllm. Every install is --no-deps with torch==2.13.0 named explicitly: vLLM 0.33.0 pins
@@ -116,7 +116,7 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
-		tests/test_vllm_real.py
+		tests/integrations/vllm/test_vllm_real.py
 
 clean:
 	rm -rf $(VENV) .venv-triton-* .pytest_cache .hypothesis .benchmarks *.egg-info

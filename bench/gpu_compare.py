@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import anchors  # noqa: E402
 
 import chunkmeta  # noqa: E402
-from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, cuda_fill, reference  # noqa: E402
+from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference  # noqa: E402
+from chunkmeta.fill import cuda_fill  # noqa: E402
 from chunkmeta.integrations import kda  # noqa: E402
 from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile  # noqa: E402
 from chunkmeta.workloads import workload  # noqa: E402

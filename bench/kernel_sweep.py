@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 from anchors import empty_kernel
 
-from chunkmeta import cuda_fill, reference
-from chunkmeta.cuda_fill import CudaFill
-from chunkmeta.kernels import TritonFill
+from chunkmeta import reference
+from chunkmeta.fill import cuda_fill
+from chunkmeta.fill.cuda_fill import CudaFill
+from chunkmeta.fill.triton_fill import TritonFill
 from chunkmeta.timing import device_us_per_call
 from chunkmeta.workloads import workload
 

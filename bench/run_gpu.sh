@@ -20,7 +20,7 @@ from importlib.metadata import version
 print(torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__,
       "| fla-core", version("fla-core"), "| python", platform.python_version())
 import chunkmeta.integrations.kda
-from chunkmeta import cuda_fill
+from chunkmeta.fill import cuda_fill
 print("NVRTC for the CUDA C fill:", cuda_fill.nvrtc_version())
 PY
 status=0

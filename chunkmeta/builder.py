@@ -28,7 +28,7 @@ from chunkmeta import native
 from chunkmeta import plan as _plan
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
-from chunkmeta.torch_fill import fill_torch
+from chunkmeta.fill.torch_fill import fill_torch
 
 BACKENDS = ("auto", "triton", "torch")
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -297,9 +297,9 @@ class ChunkMetadataBuilder:
 
     def _native_kernels(self, fill, pad, dtype):
         """``(name, (function, block_rows, num_warps, shared bytes))`` the C build may launch, best
-        first: the CUDA C fill (``chunkmeta.cuda_fill``, when NVRTC compiles it), then the Triton
+        first: the CUDA C fill (``chunkmeta.fill.cuda_fill``, when NVRTC compiles it), then the Triton
         kernel the first build compiled."""
-        from chunkmeta.cuda_fill import CudaFill
+        from chunkmeta.fill.cuda_fill import CudaFill
 
         cuda = CudaFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=pad is not None)
         kernel = cuda.kernel(dtype, self.device)
@@ -312,7 +312,7 @@ class ChunkMetadataBuilder:
     def _fill_for(self, padded: bool):
         fill = self._fills.get(padded)
         if fill is None:
-            from chunkmeta.kernels import TritonFill  # imports triton: see chunkmeta.kernels
+            from chunkmeta.fill.triton_fill import TritonFill  # imports triton: see chunkmeta.fill.triton_fill
 
             fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
                               params_on_device=False)

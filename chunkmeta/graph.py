@@ -51,7 +51,7 @@ class GraphBuild:
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
         _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
-        from chunkmeta.kernels import TritonFill  # graph mode needs the kernel: it reads params on the device
+        from chunkmeta.fill.triton_fill import TritonFill  # graph mode needs the kernel: it reads params on the device
 
         device = builder.device
         cap = builder.capacity

@@ -485,7 +485,7 @@ class BackendChunkMeta:
 
     def _fill(self):
         if self._bounded_fill is None and importlib.util.find_spec("triton") is not None:
-            from chunkmeta.kernels import TritonFill
+            from chunkmeta.fill.triton_fill import TritonFill
 
             self._bounded_fill = TritonFill(chunk_size=CHUNK_SIZE, block_seqs=self.capacity.seqs, padded=True,
                                             params_on_device=False)

@@ -1,10 +1,10 @@
-"""The vLLM adapter against a faithful model of vLLM 0.33.0's builders (tests/vllm_fake.py).
+"""The vLLM adapter against a faithful model of vLLM 0.33.0's builders (tests/integrations/vllm/vllm_fake.py).
 
 CPU (in `make test`; never imports vLLM): the chunkmeta builders give exactly what vLLM's default
 hook gives (FLA's host helpers on the CPU copy) on decode-first, prefill-only, spec-decode and
 CUDA-graph-padded batches, and random ones; CuteDSL's layout; the ROCm Kimi-K3 drop-in and
 wiring; install/uninstall; the plugin's opt-in. GPU (`-m gpu`): the same on CUDA, with the hook
-under `torch.cuda.set_sync_debug_mode("error")`. The real vLLM runs in tests/test_vllm_real.py
+under `torch.cuda.set_sync_debug_mode("error")`. The real vLLM runs in tests/integrations/vllm/test_vllm_real.py
 (`make test-vllm`).
 """
 
@@ -25,7 +25,7 @@ from checks import no_sync
 
 pytest.importorskip("fla")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 # (query_lens, context_lens, num_decode_draft_tokens or None); rows in the runner's order
 BATCHES = {

@@ -1,6 +1,6 @@
 """The device fill in vectorized torch ops: CPU tensors, and devices without Triton.
 
-Writes exactly the entries ``chunkmeta.kernels.chunk_metadata_kernel`` writes.
+Writes exactly the entries ``chunkmeta.fill.triton_fill.chunk_metadata_kernel`` writes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SGLang adapter against a faithful model of SGLang's interfaces (tests/sglang_fake.py).
+"""The SGLang adapter against a faithful model of SGLang's interfaces (tests/integrations/sglang/sglang_fake.py).
 
 CPU (in `make test`, SGLang not imported): per forward mode (EXTEND, MIXED, DECODE, IDLE,
 TARGET_VERIFY, a DP-relabelled decode), DP padding, extend_seq_lens_cpu missing (the bounded
@@ -574,7 +574,7 @@ def test_plugin_is_opt_in(monkeypatch):
     sg.sglang_plugin()
     assert calls == ["sglang"]
     tomllib = pytest.importorskip("tomllib")
-    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["sglang.srt.plugins"] == {
         "chunkmeta": "chunkmeta.integrations.sglang:sglang_plugin"}
 

@@ -1,6 +1,6 @@
 """The C build (chunkmeta.native.build) against the Python plan, on the host side.
 
-On a GPU the C build also launches the kernel (tests/test_gpu.py checks the device tables); here
+On a GPU the C build also launches the kernel (tests/core/test_gpu.py checks the device tables); here
 a fill with function 0 runs everything else: every validation check, the sizes it returns and
 the host ``cu_seqlens_cpu`` it writes, and the ``ChunkMetadata`` it returns. Invalid input must
 return -1 and write nothing.
@@ -184,7 +184,7 @@ def test_builder_hot_path_on_the_host(monkeypatch):
     """ChunkMetadataBuilder's C-build path (used on CUDA after the first build of a layout),
     driven on the CPU with host-only fills: the Python around the C call — sizes, host
     cu_seqlens_cpu, tensor shapes, ring generations, fallback on bad input — against the
-    reference. (The device tables are not written without a launch; tests/test_gpu.py checks
+    reference. (The device tables are not written without a launch; tests/core/test_gpu.py checks
     them on a GPU.)"""
     from chunkmeta import reference
     from chunkmeta.workloads import random_decode_first

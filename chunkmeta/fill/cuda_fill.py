@@ -1,6 +1,6 @@
 """The device fill as a CUDA C kernel, compiled at run time with NVRTC: the C build's fast path.
 
-Same job, same parameters and same results as ``chunkmeta.kernels.chunk_metadata_kernel``,
+Same job, same parameters and same results as ``chunkmeta.fill.triton_fill.chunk_metadata_kernel``,
 which stays the portable path (Triton's CPU interpreter, ROCm, a machine without NVRTC, the
 CUDA-graph mode) and the one the first build of each layout launches. What CUDA C can do that
 Triton cannot is place shared memory and order the work by hand:

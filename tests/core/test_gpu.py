@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, reference
-from chunkmeta.cuda_fill import CudaFill
+from chunkmeta.fill.cuda_fill import CudaFill
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
 from checks import assert_exact, assert_padded, no_sync
 

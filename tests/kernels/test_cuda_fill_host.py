@@ -1,8 +1,8 @@
 """The CUDA C fill's logic on the host, on every CI run.
 
-The CUDA C fill (``chunkmeta.cuda_fill``) only runs on an NVIDIA GPU, and the GPU tests
-(tests/test_gpu.py) need one. Here its real source, exactly as NVRTC gets it, is compiled by
-the host C++ compiler against tests/cuda_host.h, which runs each CUDA thread as a std::thread
+The CUDA C fill (``chunkmeta.fill.cuda_fill``) only runs on an NVIDIA GPU, and the GPU tests
+(tests/core/test_gpu.py) need one. Here its real source, exactly as NVRTC gets it, is compiled by
+the host C++ compiler against tests/support/cuda_host.h, which runs each CUDA thread as a std::thread
 with CUDA's barrier and shuffle semantics, under AddressSanitizer and UBSan. The grid and the
 arguments are chunkmeta.native's, the outputs exactly sized and poisoned, and every table is
 compared with ``chunkmeta.reference``.
@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chunkmeta import cuda_fill, reference
+from chunkmeta import reference
+from chunkmeta.fill import cuda_fill
 from chunkmeta.workloads import from_lengths, random_decode_first
 
-HERE = Path(__file__).parent
+SUPPORT = Path(__file__).parents[1] / "support"  # cuda_host.h, cuda_host_main.h
 CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 
@@ -49,7 +50,7 @@ def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, **shap
     name = hashlib.sha1(source.encode()).hexdigest()[:16]
     (build_dir() / f"{name}.cpp").write_text(source)
     binary = build_dir() / name
-    command = [CXX, "-std=c++20", "-O1", "-g", "-pthread", f"-I{HERE}", str(build_dir() / f"{name}.cpp"), "-o",
+    command = [CXX, "-std=c++20", "-O1", "-g", "-pthread", f"-I{SUPPORT}", str(build_dir() / f"{name}.cpp"), "-o",
                str(binary)]
     done = subprocess.run(command[:2] + SANITIZE + command[2:], capture_output=True, text=True)
     if done.returncode:  # a toolchain without the sanitizers' runtimes: plain, still checked

@@ -1,4 +1,4 @@
-"""Import stubs for tests/test_sglang_real.py (``make test-sglang``).
+"""Import stubs for tests/integrations/sglang/test_sglang_real.py (``make test-sglang``).
 
 SGLang 0.5.23's config modules import torchvision on the way to ForwardBatch and the
 linear-attention backends. PyPI's torchvision for torch 2.13 is a CUDA build whose extension fails

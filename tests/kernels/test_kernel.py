@@ -1,6 +1,6 @@
 """The Triton fill at block sizes far below the launchers' defaults, so that program boundaries
 fall everywhere: on a sequence's first chunk, inside a long sequence, right after zero-length
-sequences, at the last row. On CPU this runs under Triton's interpreter; tests/test_gpu.py runs
+sequences, at the last row. On CPU this runs under Triton's interpreter; tests/core/test_gpu.py runs
 the default shapes on CUDA."""
 
 import pytest
@@ -14,7 +14,7 @@ from strategies import CHUNK_SIZES, batches
 
 pytest.importorskip("triton")
 
-from chunkmeta.kernels import TritonFill  # noqa: E402  (after the skip: this imports triton)
+from chunkmeta.fill.triton_fill import TritonFill  # noqa: E402  (after the skip: this imports triton)
 
 CAPACITY = 64
 

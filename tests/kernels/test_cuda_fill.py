@@ -1,12 +1,12 @@
-"""chunkmeta.cuda_fill on the host: when the C build may use the CUDA C fill, and its launch
-shapes. (It runs on the GPU in tests/test_gpu.py; it compiles for sm_90 in
-tests/test_kernel_compiles.py.)"""
+"""chunkmeta.fill.cuda_fill on the host: when the C build may use the CUDA C fill, and its launch
+shapes. (It runs on the GPU in tests/core/test_gpu.py; it compiles for sm_90 in
+tests/kernels/test_kernel_compiles.py.)"""
 
 import pytest
 import torch
 
-from chunkmeta import cuda_fill
-from chunkmeta.cuda_fill import CudaFill
+from chunkmeta.fill import cuda_fill
+from chunkmeta.fill.cuda_fill import CudaFill
 
 CUDA0 = torch.device("cuda", 0)
 

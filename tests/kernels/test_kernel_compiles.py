@@ -10,7 +10,7 @@ Triton's compiler differs between versions (3.6 asserts on a warp-local gather t
 compiles), and engines ship older Tritons than the newest one `make test` installs:
 `make test-triton-compat` runs this file under Triton 3.6 too.
 
-The CUDA C fill (``chunkmeta.cuda_fill``) is compiled here too, by NVRTC, in every launch shape
+The CUDA C fill (``chunkmeta.fill.cuda_fill``) is compiled here too, by NVRTC, in every launch shape
 its builder and the sweep use. NVRTC is not part of `make test`'s venv (the CPU torch does not
 need it); `make test-triton-compat` installs the nvidia-cuda-nvrtc wheel of CUDA 13.0, the one
 torch 2.11's CUDA 13.0 build depends on, and requires it.
@@ -26,7 +26,7 @@ SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from chunkmeta.kernels import TritonFill, chunk_metadata_kernel
+from chunkmeta.fill.triton_fill import TritonFill, chunk_metadata_kernel
 
 signature = {"query_start_loc": "*i32", "step_params": "*i32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
              "chunk_offsets": "*i64", "first_seq": "i32", "num_seqs": "i32", "num_rows": "i32", "seqs_out": "i32",
@@ -72,7 +72,7 @@ def test_compiles_for_sm90():
 
 
 def test_cuda_fill_compiles_for_sm90():
-    from chunkmeta import cuda_fill
+    from chunkmeta.fill import cuda_fill
 
     if cuda_fill.nvrtc_version() is None:
         cannot_compile("no NVRTC here (make test-triton-compat installs it)")

@@ -1,10 +1,10 @@
 """A small, faithful model of the SGLang interfaces chunkmeta's SGLang adapter touches.
 
-The CPU tests (tests/test_sglang.py) and the GPU tests run the adapter against this model: SGLang
+The CPU tests (tests/integrations/sglang/test_sglang.py) and the GPU tests run the adapter against this model: SGLang
 itself is not installed in ``make test`` (nor installable on the GPU machine). Every class names the
 SGLang file (paths under ``python/sglang/``, 0.5.23 unless noted) whose behaviour it mirrors, reduced
 to the linear-attention metadata path: method names and signatures are SGLang's, bodies are written
-from reading those files (see /work/notes/sglang.md), not copied. ``tests/test_sglang_real.py`` checks
+from reading those files (see /work/notes/sglang.md), not copied. ``tests/integrations/sglang/test_sglang_real.py`` checks
 the adapter against the real classes where SGLang is installed (``make test-sglang``).
 
 ``register(root, version)`` puts a module tree with SGLang's module paths under ``root`` into

@@ -1,5 +1,5 @@
 /* Runs chunkmeta's CUDA C fill (chunkmeta/cuda_fill.py's source, included after this header)
-   on the host, for tests/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of
+   on the host, for tests/kernels/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of
    a grid one after another (the same THREADS threads run every block). It provides exactly what that kernel uses, with CUDA's meaning:
    - threadIdx / blockIdx / gridDim (x only);
    - __syncthreads(): a barrier of the block's threads;

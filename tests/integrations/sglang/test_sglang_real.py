@@ -1,6 +1,6 @@
 """The SGLang adapter against the installed SGLang (``make test-sglang``; skipped without SGLang).
 
-On CPU, with tests/sglang_cpu_stubs.py standing in for torchvision: the hook generation and every
+On CPU, with tests/integrations/sglang/sglang_cpu_stubs.py standing in for torchvision: the hook generation and every
 overridden method's signature against SGLang's own classes; install()/uninstall() on SGLang's module
 attributes and the plugin entry point as SGLang's loader sees it; and SGLang's own metadata code
 (MambaAttnBackendBase / GDNAttnBackend / KDAAttnBackend.init_forward_metadata on a hand-built

@@ -1,61 +1,89 @@
-"""ChunkMetadataBuilder: persistent buffers, a host plan and one device fill per build.
+"""ChunkMetadataBuilder: one step's chunk tables from a host plan and one device fill.
 
-Buffers (allocated once, on the builder's device, in ``ring_depth`` slots):
+A build reads as: **accept** the input tensors (types, shapes, devices; cached by identity),
+**plan** from the host copy (sizes and every value check, ``chunkmeta.plan``), **claim** the
+next ring slot (``chunkmeta.ring``), **launch** the fill of the layout (``chunkmeta.layout``)
+into it, and **publish** the slot's generation with the immutable ``ChunkMetadata``.
 
-* ``cu_seqlens``  int32 ``[ring_depth, max_num_seqs + 2]``
-* ``chunk_offsets`` int64 ``[ring_depth, max_num_seqs + 2]``
-* ``chunk_indices`` int32 ``[ring_depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
-* ``cu_seqlens_cpu`` int32 ``[ring_depth, max_num_seqs + 2]`` on the host
-
-(``+ 2``: the padded layout reserves one zero-length tail sequence for padding rows; each slot
-is rounded up to a 16-byte multiple.)
-
-The ring rule: build ``k`` writes slot ``k % ring_depth`` and returns views of it. The object
-returned by build ``k`` keeps its values through builds ``k+1 .. k+ring_depth-1``; build
-``k+ring_depth`` reuses its slot and retires it (``is_live`` turns False, ``check_live`` raises).
-On one CUDA stream the GPU side is safe at any depth (the next fill is queued after every kernel
-already queued that reads the slot); the depth bounds how long the *host* may hold an object and
-still queue work that reads it. See the README's "Integrating with a scheduler".
+On a CUDA builder the whole host side of a build runs in one C call once a layout's kernel is
+known (``chunkmeta.native.CBuild``, ``c_build``); the Python path below is the general one:
+the first build of each layout (which compiles the Triton kernel), other current devices, bad
+input (for the precise error) and machines without the C build.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
 import torch
 
+from chunkmeta import layout as _layout
 from chunkmeta import native
 from chunkmeta import plan as _plan
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.metadata import ChunkMetadata
 from chunkmeta.fill.torch_fill import fill_torch
+from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.ring import Ring
 
 BACKENDS = ("auto", "triton", "torch")
+PADS = _layout.PADS
 _INT_DTYPES = (torch.int32, torch.int64)
-PADS = ("tail", "negative")
-_VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
+    """The fill a builder on ``device`` uses; ChunkMetaError for one that cannot run there."""
     if backend not in BACKENDS:
         raise ChunkMetaError(f"backend={backend!r}: must be one of {BACKENDS}.")
     has_triton = importlib.util.find_spec("triton") is not None
     if backend == "auto":
         return "triton" if device.type == "cuda" and has_triton else "torch"
-    if backend == "triton" and not has_triton:
-        raise ChunkMetaError("backend='triton' needs the triton package; use backend='torch'.")
+    if backend == "triton":
+        if not has_triton:
+            raise ChunkMetaError("backend='triton' needs the triton package; use backend='torch'.")
+        if device.type == "cpu" and not _triton_interprets():
+            raise ChunkMetaError(
+                "backend='triton' on CPU tensors runs only under Triton's interpreter: set TRITON_INTERPRET=1 "
+                "before triton is first imported, or use backend='torch' (the default on CPU)."
+            )
     return backend
+
+
+def _triton_interprets() -> bool:
+    """Whether chunkmeta's Triton kernel runs in the interpreter (fixed when it is first imported)."""
+    loaded = sys.modules.get("chunkmeta.fill.triton_fill")
+    if loaded is None and "triton" not in sys.modules:
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    from chunkmeta.fill import triton_fill
+
+    return type(triton_fill.chunk_metadata_kernel).__name__ == "InterpretedFunction"
+
+
+def resolve_device(device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ChunkMetaError(f"device={device!r}: not a torch device ({exc}).") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ChunkMetaError(
+                f"device={str(device)!r}: this torch ({torch.__version__}, {build}) sees no CUDA device; "
+                "use device='cpu', or install the torch build your engine runs."
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class ChunkMetadataBuilder:
     """Builds one step's ``ChunkMetadata`` into persistent buffers, with no host<->device sync.
 
-    ``build`` gives FLA's exact layout (tensors sized N+1 / NT); ``build_padded`` gives the
-    capacity-shaped layout whose shapes never change (for CUDA graphs and static-shape callers).
+    ``build`` gives FLA's exact layout (tensors sized N+1 / NT); ``build_padded`` the
+    capacity-shaped layout whose shapes never change (for CUDA graphs and static-shape callers);
+    ``build_bounded`` a layout for callers without host lengths (rows from an upper bound).
+    Results stay valid for ``ring_depth - 1`` later builds (``chunkmeta.ring``).
     """
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, *, chunk_size: int = 64,
@@ -63,46 +91,14 @@ class ChunkMetadataBuilder:
         self.capacity = _plan.capacity_for(max_num_seqs, max_num_tokens, chunk_size)
         if not isinstance(ring_depth, int) or isinstance(ring_depth, bool) or not 1 <= ring_depth <= 64:
             raise ChunkMetaError(f"ring_depth={ring_depth!r}: must be an int in [1, 64].")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ChunkMetaError(f"device={device!r}: not a torch device ({exc}).") from None
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = resolve_device(device)
         self.chunk_size = chunk_size
         self.ring_depth = ring_depth
-        self.backend = resolve_backend(backend, device)
-
-        cap = self.capacity
-        # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
-        # Slot strides are rounded up to 16 bytes: every slot starts as aligned as the first,
-        # which the compiled kernel (specialized on the first launch's pointers) relies on.
-        self._cu = torch.zeros(ring_depth, _round_up(cap.seqs + 2, 4), dtype=torch.int32, device=device)
-        self._offsets = torch.zeros(ring_depth, _round_up(cap.seqs + 2, 2), dtype=torch.int64, device=device)
-        self._indices = torch.zeros(ring_depth, _round_up(cap.rows, 2), 2, dtype=torch.int32, device=device)
-        self._cu_cpu = torch.zeros(ring_depth, cap.seqs + 2, dtype=torch.int32)
-        self._cu_cpu_np = self._cu_cpu.numpy()
-        self._params = torch.zeros(2, dtype=torch.int32, device=device)  # unused by eager fills
-        self._params_ptr = self._params.data_ptr()
-        self._slot_ptrs = [(self._cu[k].data_ptr(), self._indices[k].data_ptr(), self._offsets[k].data_ptr())
-                           for k in range(ring_depth)]
-
-        self._fills: dict[bool, object] = {}
-        # Output views, cached by sequence count and by row count (a view costs a microsecond
-        # or more to make; steps repeat sequence counts far more often than row counts); each
-        # cache is cleared when it reaches _VIEW_CACHE_LIMIT. cu_seqlens and cu_seqlens_cpu are
-        # handed out as new objects every build all the same (a detach() of the cached view, a
-        # third of a slice's cost): FLA memoizes its helpers (prepare_lens,
-        # prepare_chunk_indices, ...) by argument identity, so a reused object would get an
-        # earlier step's answer.
-        self._seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
-        self._row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
-        self._slot_buffers = [(self._cu[k], self._indices[k], self._offsets[k], self._cu_cpu[k])
-                              for k in range(ring_depth)]
-        self._slot_generation = [0] * ring_depth
-        self._retired_through = 0  # generations <= this were retired explicitly (retire())
-        self._builds = 0
+        self.backend = resolve_backend(backend, self.device)
+        self.ring = Ring(ring_depth, self.capacity, self.device)
+        self._params = torch.zeros(2, dtype=torch.int32, device=self.device)  # unused by eager fills
+        self._device_index = self.device.index if self.device.type == "cuda" else -1
+        self._triton_fills: dict[tuple, object] = {}  # (padded, pad_chunk) -> TritonFill
         # Identity caches: engines pass the same persistent tensors step after step, so their
         # type/shape checks and the torch->numpy view are done once per tensor, not per step.
         self._last_cpu = None
@@ -112,72 +108,102 @@ class ChunkMetadataBuilder:
         self._last_cpu_is64 = False
         self._last_dev = None
         self._last_dev_len = -1
-        # The C build (chunkmeta.native) per (pad, query_start_loc dtype), made after the first
-        # Triton launch of that layout compiled the kernel; False where it cannot be used.
-        self._native = native.cuda_launcher() if self.backend == "triton" and device.type == "cuda" else None
-        self._native_fills: dict[tuple, object] = {}
-        # which kernel the C build launches per (pad, dtype), set at the end of a layout's first
-        # build: "cuda", "triton", or None (it cannot launch either, or a launch failed); no key
-        # before that build or without the C build
-        self.native_kernel: dict[tuple, str | None] = {}
-        self._device_index = device.index if device.type == "cuda" else -1
+        # The C build: made for a layout after its first Triton launch compiled the kernel.
+        module = native.cuda_launcher() if self.backend == "triton" and self.device.type == "cuda" else None
+        self.c_build = None if module is None else native.CBuild(module, self.ring, chunk_size, self._device_index,
+                                                                  self._params.data_ptr())
 
     # -- public ---------------------------------------------------------------------------
 
     @property
     def builds(self) -> int:
         """Number of builds so far (the generation of the newest ChunkMetadata)."""
-        return self._builds
+        return self.ring.generation
+
+    @property
+    def native_kernel(self) -> dict[tuple, str | None]:
+        """Which kernel the C build launches per ``(pad, query_start_loc dtype)``: ``"cuda"``,
+        ``"triton"``, or None (it cannot launch either, or a launch failed); no key before a
+        layout's first build, and empty without the C build."""
+        return {} if self.c_build is None else self.c_build.kernel
 
     @property
     def padded_num_seqs(self) -> dict[str, int]:
         """Sequences in the padded layout's cu_seqlens, per pad mode (cu_seqlens has one more entry)."""
-        return {"tail": self.capacity.seqs + 1, "negative": self.capacity.seqs}
+        return {pad: _layout.padded_num_seqs(pad, self.capacity.seqs) for pad in PADS}
 
     def build(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
               num_seqs: int | None = None) -> ChunkMetadata:
         """FLA's exact layout for requests ``[first_seq, first_seq + num_seqs)`` of the batch."""
         self._accept(query_start_loc, query_start_loc_cpu)
-        metadata = self._build_native(query_start_loc, first_seq, num_seqs, None)
+        metadata = self._build_c(query_start_loc, first_seq, num_seqs, None)
         if metadata is None:
             metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), None)
         return metadata
 
     def build_padded(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
                      num_seqs: int | None = None, pad: str = "tail") -> ChunkMetadata:
-        """The capacity-shaped layout: cu_seqlens/chunk_offsets padded with zero-length tail
-        sequences, chunk_indices with padding rows after every real row.
+        """The capacity-shaped layout (``chunkmeta.layout``): ``cu_seqlens`` / ``chunk_offsets``
+        padded with zero-length tail sequences, ``chunk_indices`` with padding rows after every
+        real row.
 
-        ``pad="tail"``: padding rows are ``(max_num_seqs, 0)``, the reserved zero-length tail
-        sequence (``cu_seqlens`` has ``max_num_seqs + 2`` entries) — harmless to every FLA kernel.
-        ``pad="negative"``: padding rows are ``(-1, 0)`` and ``cu_seqlens`` has
-        ``max_num_seqs + 1`` entries — FLA's KDA ``use_graph=True`` contract.
+        ``pad="tail"``: padding rows ``(max_num_seqs, 0)``, the reserved zero-length tail sequence
+        (``cu_seqlens`` has ``max_num_seqs + 2`` entries) — harmless to every FLA kernel.
+        ``pad="negative"``: ``(-1, 0)``, ``max_num_seqs + 1`` entries — FLA's KDA ``use_graph=True``.
+        ``pad="past_end"``: ``(0, PAST_END_CHUNK)``, ``max_num_seqs + 1`` entries — SGLang's.
         """
-        if pad not in PADS:
-            raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
+        _layout.check_pad(pad, PADS, self.capacity.tokens, self.chunk_size)
         self._accept(query_start_loc, query_start_loc_cpu)
-        metadata = self._build_native(query_start_loc, first_seq, num_seqs, pad)
+        metadata = self._build_c(query_start_loc, first_seq, num_seqs, pad)
         if metadata is None:
             metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), pad)
         return metadata
 
-    def is_live(self, slot: int, generation: int) -> bool:
-        return self._slot_generation[slot] == generation and generation > self._retired_through
+    def build_bounded(self, query_start_loc: torch.Tensor, *, max_num_tokens: int, num_seqs: int | None = None,
+                      pad: str = "past_end") -> ChunkMetadata:
+        """The tables of ``query_start_loc``'s first ``num_seqs`` requests (default: all) when the
+        host knows no lengths, only that they hold at most ``max_num_tokens`` tokens.
 
-    def retire(self, generation: int) -> None:
-        self._retired_through = max(self._retired_through, generation)
+        ``chunk_indices`` has ``chunkmeta.layout.chunk_row_bound(N, max_num_tokens, C)`` rows (a
+        bound on NT from host sizes alone); the device finds the real NT and writes padding rows
+        (``pad``: ``"past_end"`` or ``"negative"``) after it. ``cu_seqlens`` / ``chunk_offsets``
+        are exact (``[N+1]``); ``cu_seqlens_cpu`` is None (``md.bounded``), and ``num_tokens`` /
+        ``num_chunks`` / ``max_seqlen`` are the bounds. ``max_num_tokens`` is trusted: a smaller
+        bound than the real count truncates the rows (nothing is written past them).
+        """
+        _layout.check_pad(pad, _layout.BOUNDED_PADS, self.capacity.tokens, self.chunk_size)
+        if not (type(query_start_loc) is torch.Tensor and query_start_loc.dim() == 1):
+            _plan.check_device_tensor(query_start_loc, -1, self.device)  # raises the precise error
+        length = query_start_loc.shape[0]
+        _plan.check_device_tensor(query_start_loc, length, self.device)
+        n = length - 1 if num_seqs is None else _plan.index_arg("num_seqs", num_seqs)
+        if not 0 <= n < length:
+            raise ChunkMetaError(
+                f"num_seqs={n}: must be in [0, {length - 1}] (query_start_loc has {length} entries)."
+            )
+        if n > self.capacity.seqs:
+            raise ChunkMetaError(f"num_seqs={n} exceeds the builder's capacity of {self.capacity.seqs} sequences: "
+                                 "size max_num_seqs to the engine's max_num_seqs.")
+        tokens = _plan.index_arg("max_num_tokens", max_num_tokens)
+        if not 0 <= tokens <= self.capacity.tokens:
+            raise ChunkMetaError(
+                f"max_num_tokens={tokens}: must be in [0, {self.capacity.tokens}] (the builder's token capacity); "
+                "pass the host bound on this step's tokens."
+            )
+        shape = _layout.bounded(pad, n, tokens, self.chunk_size)
+        slot, generation = self.ring.claim()
+        cu, indices, offsets, _ = self.ring.views(slot, shape.seqs_out, shape.rows_out)
+        self._launch(query_start_loc, slot, (cu, indices, offsets), 0, n, shape, True)
+        self.ring.publish(slot, generation)
+        return ChunkMetadata(cu, None, indices, offsets, self.chunk_size, n, tokens, shape.rows_out, tokens, pad,
+                             generation, self.ring, slot)
 
-    def retired_message(self, slot: int, generation: int) -> str:
-        if generation <= self._retired_through:
-            return (f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
-                    "mode). Use the open step's metadata (service.current).")
-        return (
-            f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
-            f"{self._slot_generation[slot]} (ring_depth={self.ring_depth}). Use the current step's "
-            "metadata, or raise ring_depth if the host must hold more steps."
-        )
+    def plan(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> _plan.StepPlan:
+        """The host plan of a build (sizes, hints, every value check) without building."""
+        host = _plan.host_array(query_start_loc_cpu)
+        return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity, _plan.host_address(host))
 
-    # -- internals ------------------------------------------------------------------------
+    # -- accept -----------------------------------------------------------------------------
 
     def _accept(self, query_start_loc, query_start_loc_cpu) -> None:
         """Check the input tensors (type, dtype, shape, device, contiguity) and cache what the
@@ -211,139 +237,94 @@ class ChunkMetadataBuilder:
                 _plan.check_device_tensor(device, self._last_cpu_len, self.device)
             self._last_dev, self._last_dev_len = device, device.shape[0]
 
+    # -- plan -------------------------------------------------------------------------------
+
     def _plan(self, first_seq, num_seqs) -> _plan.StepPlan:
         if self._last_cpu_array is None:  # a tensor accepted without its numpy view
             self._last_cpu_array = _plan.host_array(self._last_cpu)
         return _plan.plan_step(self._last_cpu_array, first_seq, num_seqs, self.chunk_size, self.capacity,
                                self._last_cpu_address)
 
-    def _build_native(self, query_start_loc, first_seq, num_seqs, pad) -> ChunkMetadata | None:
-        """The whole build in one C call (plan, checks, the ChunkMetadata, launch, host copy) on
-        accepted tensors, or None when the general path must run: a kernel not compiled yet,
-        another current device, any invalid input (re-planned there for the precise error) or a
-        failed launch (re-launched there through Triton, which raises if it fails too; the C
-        build is then off for that layout)."""
-        fill = self._native_fills.get((pad, query_start_loc.dtype))
-        if not fill or self._last_cpu_address is None or torch._C._cuda_getDevice() != self._device_index:
-            return None
-        generation = self._builds + 1
-        slot = generation % self.ring_depth
-        metadata = self._native.build(fill, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64,
-                                      first_seq, num_seqs, query_start_loc.data_ptr(), slot,
-                                      torch._C._cuda_getCurrentRawStream(self._device_index), generation, self,
-                                      self._seq_views, self._row_views, self._cached_views)
-        if type(metadata) is int:
-            if metadata > 0:  # a CUresult: the launch failed. This layout takes the general path from now on
-                self._native_fills[(pad, query_start_loc.dtype)] = False
-                self.native_kernel[(pad, query_start_loc.dtype)] = None
-            return None
-        self._builds = generation
-        self._slot_generation[slot] = generation
-        return metadata
-
-    def _out_shape(self, pad, num_seqs: int, num_chunks: int) -> tuple[int, int, int]:
-        """(sequences, rows, padding rows' sequence) a build writes: the batch's own sizes in the
-        exact layout, the capacity in a padded one."""
+    def _shape(self, pad: str | None, num_seqs: int, num_chunks: int) -> _layout.Layout:
+        """What a build writes: the batch's own sizes in the exact layout, the capacity's in a padded one."""
         if pad is None:
-            return num_seqs, num_chunks, 0
-        return self.padded_num_seqs[pad], self.capacity.rows, -1 if pad == "negative" else self.capacity.seqs
+            return _layout.exact(num_seqs, num_chunks)
+        return _layout.padded(pad, self.capacity.seqs, self.capacity.rows)
 
-    def _publish(self, slot, generation, views, num_seqs, num_tokens, num_chunks, max_seqlen, pad) -> ChunkMetadata:
-        """Record a finished build in its ring slot and return its metadata."""
-        self._builds = generation
-        self._slot_generation[slot] = generation
-        cu, indices, offsets, cu_cpu = views
-        return ChunkMetadata(cu, cu_cpu, indices, offsets, self.chunk_size, num_seqs, num_tokens, num_chunks,
-                             max_seqlen, pad, generation, self, slot)
+    # -- claim, launch, publish ---------------------------------------------------------------
 
-    def _views_for(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` of a ring slot sized to
-        one build, with new ``cu_seqlens`` objects (see ``__init__``)."""
-        cu, indices, offsets, cu_cpu = self._cached_views(slot, seqs_out, rows_out)
-        return cu.detach(), indices, offsets, cu_cpu.detach()
+    def _build_c(self, query_start_loc, first_seq, num_seqs, pad) -> ChunkMetadata | None:
+        """The whole build in one C call on accepted tensors, or None when the general path must
+        run (see ``chunkmeta.native.CBuild.build``)."""
+        if self.c_build is None or self._last_cpu_address is None:
+            return None
+        return self.c_build.build(pad, query_start_loc, self._last_cpu_address, self._last_cpu_len,
+                                  self._last_cpu_is64, first_seq, num_seqs)
 
-    def _cached_views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """The same four views from the two caches, made (one slice each) on a miss."""
-        cu, indices, offsets, cu_cpu = self._slot_buffers[slot]
-        seq_views = self._seq_views.get((slot, seqs_out))
-        if seq_views is None:
-            if len(self._seq_views) >= _VIEW_CACHE_LIMIT:
-                self._seq_views.clear()
-            seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
-            self._seq_views[(slot, seqs_out)] = seq_views
-        rows = self._row_views.get((slot, rows_out))
-        if rows is None:
-            if len(self._row_views) >= _VIEW_CACHE_LIMIT:
-                self._row_views.clear()
-            rows = self._row_views[(slot, rows_out)] = indices[:rows_out]
-        return seq_views[0], rows, seq_views[1], seq_views[2]
+    def _build(self, query_start_loc: torch.Tensor, step: _plan.StepPlan, pad: str | None) -> ChunkMetadata:
+        # Validation is done: from here on nothing can fail on bad input.
+        n = step.num_seqs
+        shape = self._shape(pad, n, step.num_chunks)
+        slot, generation = self.ring.claim()
+        cu, indices, offsets, cu_cpu = self.ring.views(slot, shape.seqs_out, shape.rows_out)
+        launched = self._launch(query_start_loc, slot, (cu, indices, offsets), step.first_seq, n, shape,
+                                pad is not None)
+        if launched and self.c_build is not None and not self.c_build.has_layout(pad, query_start_loc.dtype):
+            self._make_c_fill(pad, query_start_loc.dtype, shape)
+        _plan.write_host_cu_seqlens(step, self.ring.cu_seqlens_cpu_np[slot, : shape.seqs_out + 1])
+        self.ring.publish(slot, generation)
+        return ChunkMetadata(cu, cu_cpu, indices, offsets, self.chunk_size, n, step.num_tokens, step.num_chunks,
+                             step.max_seqlen, pad, generation, self.ring, slot)
 
-    def _make_native_fill(self, fill, pad, dtype) -> None:
-        """After the first Triton launch of a layout: the C build's constants, if it can launch
-        one of the two kernels."""
-        made, kind = None, None
-        for kind, shape in self._native_kernels(fill, pad, dtype):
-            function, block_rows, num_warps, shared = shape
-            # the exact layout's sizes are per build: -1 tells the C build to use N and NT
-            seqs_out, rows_out, pad_seq = self._out_shape(pad, -1, -1)
-            slots = [ptrs + (self._cu_cpu[k].data_ptr(),) for k, ptrs in enumerate(self._slot_ptrs)]
-            made = self._native.make_fill(function, block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
-                                          self.capacity.seqs, self.capacity.tokens, self.capacity.rows, seqs_out,
-                                          rows_out, pad_seq, self._params_ptr, slots, pad)
-            if made:
-                break
-        self._native_fills[(pad, dtype)] = made or False
-        self.native_kernel[(pad, dtype)] = kind if made else None
+    def _launch(self, query_start_loc, slot: int, tables, first_seq: int, num_seqs: int, shape: _layout.Layout,
+                padded: bool) -> bool:
+        """Queue the fill of ``shape`` into ring slot ``slot`` (``tables``: its sized views);
+        False if there was nothing to write. ``padded``: rows past NT may be asked for (the
+        kernel then finds NT itself)."""
+        if not (shape.seqs_out or shape.rows_out):
+            return False  # entry 0 of cu_seqlens / chunk_offsets is always 0
+        cu, indices, offsets = tables
+        if self.backend == "torch":
+            fill_torch(query_start_loc, cu, indices, offsets, first_seq, num_seqs, self.chunk_size, shape)
+            return True
+        fill = self._triton_fill(padded, shape.pad_chunk)
+        cu_ptr, indices_ptr, offsets_ptr, _ = self.ring.pointers(slot)
+        args = (first_seq, num_seqs, shape.rows_out, shape.seqs_out, shape.pad_seq)
+        if not fill.launch(query_start_loc.dtype, query_start_loc.data_ptr(), self._params.data_ptr(), cu_ptr,
+                           indices_ptr, offsets_ptr, *args):
+            fill(query_start_loc, self._params, cu, indices, offsets, *args)
+        return True
 
-    def _native_kernels(self, fill, pad, dtype):
-        """``(name, (function, block_rows, num_warps, shared bytes))`` the C build may launch, best
-        first: the CUDA C fill (``chunkmeta.fill.cuda_fill``, when NVRTC compiles it), then the Triton
-        kernel the first build compiled."""
-        from chunkmeta.fill.cuda_fill import CudaFill
-
-        cuda = CudaFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=pad is not None)
-        kernel = cuda.kernel(dtype, self.device)
-        if kernel is not None:
-            yield "cuda", (kernel[0], cuda.block_rows, kernel[1], kernel[2])
-        shape = fill.plain_kernel(dtype)
-        if shape is not None:
-            yield "triton", (shape[0], fill.block_rows, shape[1], shape[2])
-
-    def _fill_for(self, padded: bool):
-        fill = self._fills.get(padded)
+    def _triton_fill(self, padded: bool, pad_chunk: int):
+        fill = self._triton_fills.get((padded, pad_chunk))
         if fill is None:
             from chunkmeta.fill.triton_fill import TritonFill  # imports triton: see chunkmeta.fill.triton_fill
 
             fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
-                              params_on_device=False)
-            self._fills[padded] = fill
+                              params_on_device=False, pad_chunk=pad_chunk)
+            self._triton_fills[(padded, pad_chunk)] = fill
         return fill
 
-    def _build(self, query_start_loc: torch.Tensor, step: _plan.StepPlan, pad: str | None) -> ChunkMetadata:
-        # Validation is done: from here on nothing can fail on bad input.
-        generation = self._builds + 1
-        slot = generation % self.ring_depth
-        n, nt = step.num_seqs, step.num_chunks
-        seqs_out, rows_out, pad_seq = self._out_shape(pad, n, nt)
-        views = self._views_for(slot, seqs_out, rows_out)
-        cu, indices, offsets, _ = views
+    def _make_c_fill(self, pad, dtype, shape: _layout.Layout) -> None:
+        """After the first Triton launch of a layout: the C build's constants for it, with the
+        kernels it may launch, best first: the CUDA C fill (``chunkmeta.fill.cuda_fill``, when
+        NVRTC compiles it), then the Triton kernel that launch compiled."""
+        from chunkmeta.fill.cuda_fill import CudaFill
 
-        if n or pad is not None:
-            if self.backend == "triton":
-                fill = self._fills.get(pad is not None) or self._fill_for(pad is not None)
-                cu_ptr, indices_ptr, offsets_ptr = self._slot_ptrs[slot]
-                dtype = query_start_loc.dtype
-                if not fill.launch(dtype, query_start_loc.data_ptr(), self._params_ptr, cu_ptr, indices_ptr,
-                                   offsets_ptr, step.first_seq, n, rows_out, seqs_out, pad_seq):
-                    fill(query_start_loc, self._params, cu, indices, offsets, step.first_seq, n, rows_out,
-                         seqs_out, pad_seq)
-                if self._native is not None and (pad, dtype) not in self._native_fills:
-                    self._make_native_fill(fill, pad, dtype)
-            else:
-                fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, nt, self.chunk_size,
-                           padded=pad is not None, seqs_out=seqs_out, num_rows=rows_out, pad_seq=pad_seq)
-        _plan.write_host_cu_seqlens(step, self._cu_cpu_np[slot, : seqs_out + 1])
-        return self._publish(slot, generation, views, n, step.num_tokens, nt, step.max_seqlen, pad)
+        padded = pad is not None
+        candidates = []
+        cuda = CudaFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
+                        pad_chunk=shape.pad_chunk)
+        kernel = cuda.kernel(dtype, self.device)
+        if kernel is not None:
+            candidates.append(("cuda", (kernel[0], cuda.block_rows, kernel[1], kernel[2])))
+        fill = self._triton_fill(padded, shape.pad_chunk)
+        triton_kernel = fill.plain_kernel(dtype)
+        if triton_kernel is not None:
+            candidates.append(("triton", (triton_kernel[0], fill.block_rows, triton_kernel[1], triton_kernel[2])))
+        # the exact layout's sizes are per build: -1 tells the C build to use N and NT
+        fixed = shape if padded else _layout.Layout(-1, -1, 0, 0)
+        self.c_build.add_layout(pad, dtype, fixed, candidates)
 
 
 def build_chunk_metadata(query_start_loc: torch.Tensor, query_start_loc_cpu, *, chunk_size: int = 64,

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from chunkmeta import layout as _layout
 from chunkmeta import plan as _plan
-from chunkmeta.builder import PADS, ChunkMetadataBuilder
+from chunkmeta.builder import ChunkMetadataBuilder
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
 
@@ -46,8 +47,7 @@ class GraphBuild:
 
     def __init__(self, builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, *, pad: str = "tail",
                  staging_depth: int = 1024):
-        if pad not in PADS:
-            raise ChunkMetaError(f"pad={pad!r}: must be one of {PADS}.")
+        _layout.check_pad(pad, _layout.PADS, builder.capacity.tokens, builder.chunk_size)
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
         _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
@@ -59,9 +59,10 @@ class GraphBuild:
         self.pad = pad
         self.query_start_loc = query_start_loc
         self.chunk_size = builder.chunk_size
-        self.padded_num_seqs = builder.padded_num_seqs[pad]
-        self.num_rows = cap.rows
-        self._pad_seq = -1 if pad == "negative" else cap.seqs
+        shape = _layout.padded(pad, cap.seqs, cap.rows)
+        self.padded_num_seqs = shape.seqs_out
+        self.num_rows = shape.rows_out
+        self._pad_seq = shape.pad_seq
         self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
         self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int64, device=device)
         self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
@@ -81,7 +82,7 @@ class GraphBuild:
         self._stream = None
         self._stream_raw = None
         self._fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=cap.seqs, padded=True,
-                                params_on_device=True)
+                                params_on_device=True, pad_chunk=shape.pad_chunk)
         self._graph = None
         self._generation = 0
         self._retired_through = -1

@@ -25,6 +25,10 @@ def _tensor(instance, attribute, value):
         raise ChunkMetaError(f"ChunkMetadata.{attribute.name} must be a torch.Tensor, got {type(value).__name__}.")
 
 
+def _optional_tensor(instance, attribute, value):
+    if value is not None:
+        _tensor(instance, attribute, value)
+
 
 @attrs.frozen(slots=True, eq=False, repr=False, weakref_slot=True)
 class ChunkMetadata:
@@ -38,10 +42,14 @@ class ChunkMetadata:
     ``num_tokens`` (T), ``num_chunks`` (NT), ``chunk_size`` (C), ``max_seqlen``; hints
     ``is_aligned`` and ``single_seqlen``.
 
-    ``padding`` is None for FLA's exact layout, or names the capacity-shaped (CUDA-graph)
-    layout's padding: ``"tail"`` (padding rows point at a zero-length tail sequence) or
-    ``"negative"`` (padding rows are ``(-1, 0)``, FLA's KDA ``use_graph`` contract). The host ints
-    always describe the real batch; rows after ``num_chunks`` are padding.
+    ``padding`` is None for FLA's exact layout, or names the padding rows after the real ones
+    (``chunkmeta.layout``): ``"tail"`` (they point at a zero-length tail sequence), ``"negative"``
+    (``(-1, 0)``, FLA's KDA ``use_graph`` contract) or ``"past_end"`` (``(0, PAST_END_CHUNK)``,
+    SGLang's). The host ints describe the real batch; rows after ``num_chunks`` are padding.
+
+    ``bounded`` (``cu_seqlens_cpu`` is None): built without host lengths
+    (``ChunkMetadataBuilder.build_bounded``); ``num_tokens``, ``num_chunks`` and ``max_seqlen``
+    are then host upper bounds, and the real NT is known only on the device.
 
     Built by chunkmeta's builders, which validate every value first; the constructor checks only
     that the four tensors are tensors (it is on the per-step path).
@@ -51,7 +59,7 @@ class ChunkMetadata:
     """
 
     cu_seqlens: torch.Tensor = attrs.field(validator=_tensor)
-    cu_seqlens_cpu: torch.Tensor = attrs.field(validator=_tensor)
+    cu_seqlens_cpu: torch.Tensor | None = attrs.field(validator=_optional_tensor)
     chunk_indices: torch.Tensor = attrs.field(validator=_tensor)
     chunk_offsets: torch.Tensor = attrs.field(validator=_tensor)
     chunk_size: int
@@ -70,15 +78,20 @@ class ChunkMetadata:
         return self.padding is not None
 
     @property
+    def bounded(self) -> bool:
+        """Built without host lengths: the host ints are upper bounds (see the class docstring)."""
+        return self.cu_seqlens_cpu is None
+
+    @property
     def is_aligned(self) -> bool:
         """Every sequence length is a multiple of ``chunk_size`` (zero counts as one)."""
-        return self.num_chunks * self.chunk_size == self.num_tokens
+        return not self.bounded and self.num_chunks * self.chunk_size == self.num_tokens
 
     @property
     def single_seqlen(self) -> int | None:
         """The length of the only non-empty sequence, or None if there are zero or several."""
         # max_seqlen == T > 0 leaves no tokens for a second non-empty sequence.
-        if self.num_tokens > 0 and self.max_seqlen == self.num_tokens:
+        if not self.bounded and self.num_tokens > 0 and self.max_seqlen == self.num_tokens:
             return self.num_tokens
         return None
 
@@ -109,6 +122,8 @@ class ChunkMetadata:
     def describe(self) -> str:
         """One line for logs; reads host ints only."""
         layout = f"padded-{self.padding}" if self.padded else "exact"
+        if self.bounded:
+            layout = f"bounded-{self.padding}"
         return (
             f"N={self.num_seqs} T={self.num_tokens} NT={self.num_chunks} C={self.chunk_size} "
             f"max_seqlen={self.max_seqlen} aligned={self.is_aligned} single_seqlen={self.single_seqlen} "

@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 import attrs
+import torch
 
 from chunkmeta.metadata import ChunkMetadata
 
@@ -509,3 +510,65 @@ def cuda_launcher():
     if loaded is None or os.environ.get("CHUNKMETA_FAST_LAUNCH", "1") == "0" or not loaded.bind_cuda():
         return None
     return loaded
+
+
+class CBuild:
+    """A CUDA builder's C build: for each layout whose kernel is known, a build's whole host side
+    in one ``build()`` call of the extension (``module``).
+
+    ``add_layout`` makes a layout's fill from the kernels it may launch, best first; ``kernel``
+    says which one each layout got. ``build`` returns None whenever the general path must run:
+    a layout without a fill, another current device, any invalid input (the caller re-plans for
+    the precise error) or a failed launch (the CUresult turns that layout's C build off: a
+    kernel that cannot launch is not retried every step).
+    """
+
+    def __init__(self, module, ring, chunk_size: int, device_index: int, params_ptr: int):
+        self.module = module
+        self.ring = ring
+        self.chunk_size = chunk_size
+        self.device_index = device_index
+        self.params_ptr = params_ptr
+        self._fills: dict[tuple, object] = {}  # (pad, dtype) -> capsule, or False
+        # which kernel the C build launches per (pad, dtype): "cuda", "triton", or None
+        self.kernel: dict[tuple, str | None] = {}
+
+    def has_layout(self, pad, dtype) -> bool:
+        return (pad, dtype) in self._fills
+
+    def add_layout(self, pad, dtype, shape, candidates) -> None:
+        """``shape``: the layout's fixed ``(seqs_out, rows_out, pad_seq, pad_chunk)`` (``-1`` sizes:
+        the exact layout's N and NT); ``candidates``: ``(name, (CUfunction, block_rows, num_warps,
+        shared bytes))`` pairs. The first one ``make_fill`` accepts is kept."""
+        cap = self.ring.capacity
+        slots = [self.ring.pointers(k) for k in range(self.ring.depth)]
+        made, chosen = None, None
+        for name, (function, block_rows, num_warps, shared) in candidates:
+            made = self.module.make_fill(function, block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
+                                         cap.seqs, cap.tokens, cap.rows, shape[0], shape[1], shape[2],
+                                         self.params_ptr, slots, pad)
+            if made:
+                chosen = name
+                break
+        self._fills[(pad, dtype)] = made or False
+        self.kernel[(pad, dtype)] = chosen
+
+    def build(self, pad, query_start_loc, host_address: int, host_len: int, is64: bool, first_seq, num_seqs):
+        """The ChunkMetadata of one build, or None (nothing written, no generation used)."""
+        key = (pad, query_start_loc.dtype)
+        fill = self._fills.get(key)
+        if not fill or torch._C._cuda_getDevice() != self.device_index:
+            return None
+        ring = self.ring
+        slot, generation = ring.claim()
+        metadata = self.module.build(fill, host_address, host_len, is64, first_seq, num_seqs,
+                                     query_start_loc.data_ptr(), slot,
+                                     torch._C._cuda_getCurrentRawStream(self.device_index), generation, ring,
+                                     ring.seq_views, ring.row_views, ring.cached_views)
+        if type(metadata) is int:
+            if metadata > 0:  # a CUresult: the launch failed
+                self._fills[key] = False
+                self.kernel[key] = None
+            return None
+        ring.publish(slot, generation)
+        return metadata

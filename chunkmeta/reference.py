@@ -51,14 +51,15 @@ def chunk_metadata(query_start_loc: Sequence[int], chunk_size: int, first_seq: i
 
 def padded_chunk_metadata(query_start_loc: Sequence[int], chunk_size: int, padded_num_seqs: int,
                           padded_num_rows: int, pad_seq: int, first_seq: int = 0,
-                          num_seqs: int | None = None) -> Reference:
-    """The CUDA-graph layout: the exact metadata, then zero-length tail sequences up to
-    ``padded_num_seqs`` and padding rows ``(pad_seq, 0)`` up to ``padded_num_rows``."""
+                          num_seqs: int | None = None, pad_chunk: int = 0) -> Reference:
+    """The padded layouts (CUDA graphs, and bounded rows): the exact metadata, then zero-length
+    tail sequences up to ``padded_num_seqs`` and padding rows ``(pad_seq, pad_chunk)`` up to
+    ``padded_num_rows``."""
     exact = chunk_metadata(query_start_loc, chunk_size, first_seq, num_seqs)
     tail = padded_num_seqs - exact.num_seqs
     rows = padded_num_rows - exact.num_chunks
     return exact._replace(
         cu_seqlens=exact.cu_seqlens + [exact.num_tokens] * tail,
-        chunk_indices=exact.chunk_indices + [(pad_seq, 0)] * rows,
+        chunk_indices=exact.chunk_indices + [(pad_seq, pad_chunk)] * rows,
         chunk_offsets=exact.chunk_offsets + [exact.num_chunks] * tail,
     )

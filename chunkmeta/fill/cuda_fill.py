@@ -156,7 +156,7 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
       int seq = w * WARP_LANES + pos, chunk = target - start;
       if (PADDED && r >= num_chunks) {
         seq = pad_seq;
-        chunk = 0;
+        chunk = PAD_CHUNK;
       }
       chunk_indices[r] = (long long)(unsigned)seq | ((long long)chunk << 32);
     }
@@ -207,8 +207,8 @@ class CudaFill:
     """The CUDA C fill for one builder layout: compiled (once per process and shape) on the first
     ``kernel()`` call for a ``query_start_loc`` dtype."""
 
-    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, threads: int | None = None,
-                 block_rows: int | None = None):
+    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, pad_chunk: int = 0,
+                 threads: int | None = None, block_rows: int | None = None):
         lanes, default_threads = launch_shape(block_seqs)
         self.threads = threads or default_threads
         self.block_rows = block_rows or self.threads
@@ -219,7 +219,8 @@ class CudaFill:
         warp_lanes = 32 * self.seq_lanes // self.threads
         self.defines = (("CHUNK_SHIFT", chunk_size.bit_length() - 1), ("SEQ_LANES", self.seq_lanes),
                         ("LOG2_WARP_LANES", warp_lanes.bit_length() - 1),
-                        ("THREADS", self.threads), ("BLOCK_ROWS", self.block_rows), ("PADDED", int(padded)))
+                        ("THREADS", self.threads), ("BLOCK_ROWS", self.block_rows), ("PADDED", int(padded)),
+                        ("PAD_CHUNK", pad_chunk))
 
     def kernel(self, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int] | None:
         """``(CUfunction, num_warps, dynamic shared bytes)`` for ``query_start_loc`` of ``dtype`` on

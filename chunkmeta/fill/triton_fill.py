@@ -43,6 +43,7 @@ def chunk_metadata_kernel(
     BLOCK_ROWS: tl.constexpr,
     ROW_GROUPS: tl.constexpr,
     PADDED: tl.constexpr,
+    PAD_CHUNK: tl.constexpr,
     PARAMS_ON_DEVICE: tl.constexpr,
     ROW_SEARCH: tl.constexpr,
 ):
@@ -67,7 +68,7 @@ def chunk_metadata_kernel(
 
     Invariants callers rely on: rows are ordered by sequence then chunk with no gaps; a
     zero-length sequence keeps its index and gets no rows; in the padded layout, rows in
-    ``[NT, num_rows)`` are ``(pad_seq, 0)``, sequences in ``(N, seqs_out]`` repeat the last
+    ``[NT, num_rows)`` are ``(pad_seq, PAD_CHUNK)``, sequences in ``(N, seqs_out]`` repeat the last
     offset (zero-length tails). Token counts fit int32 (host-validated); offsets are stored
     as int64.
     """
@@ -122,7 +123,7 @@ def chunk_metadata_kernel(
     if PADDED:
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
-        chunk = tl.where(real_row, chunk, 0)
+        chunk = tl.where(real_row, chunk, PAD_CHUNK)
     # one 8-byte store per row (i in the low word, t in the high word: little-endian int32 pairs),
     # coalesced across the warp, instead of two strided 4-byte stores
     row = (seq.to(tl.int64) & 0xFFFFFFFF) | (chunk.to(tl.int64) << 32)
@@ -206,7 +207,7 @@ class TritonFill:
     """
 
     def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
-                 block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None,
+                 pad_chunk: int = 0, block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None,
                  row_search: bool = True):
         self.block_seqs = next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 256 sequences, 128-, 256-
@@ -229,6 +230,7 @@ class TritonFill:
             BLOCK_ROWS=self.block_rows,
             ROW_GROUPS=min(self.num_warps, self.block_rows),
             PADDED=padded,
+            PAD_CHUNK=pad_chunk,  # padding rows' chunk (chunkmeta.layout); 0 unless "past_end"
             PARAMS_ON_DEVICE=params_on_device,
             ROW_SEARCH=row_search,  # False: bench/kernel_sweep.py's diagnostic (wrong rows)
         )

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkmeta
-from chunkmeta import ChunkMetadataBuilder, build_chunk_metadata
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, build_chunk_metadata, layout
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
 from checks import assert_dtypes, assert_exact, assert_padded, tensors_for
 from strategies import CHUNK_SIZES, batches
@@ -40,7 +40,7 @@ def test_builder_equals_reference(backend, data, chunk_size):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("pad", ["tail", "negative"])
+@pytest.mark.parametrize("pad", layout.PADS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chunk_size=CHUNK_SIZES)
 def test_padded_layout_equals_reference(backend, pad, data, chunk_size):
@@ -49,14 +49,14 @@ def test_padded_layout_equals_reference(backend, pad, data, chunk_size):
     qsl, qsl_cpu = tensors_for(batch)
     md = builder.build_padded(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs, pad=pad)
     padded_num_seqs = builder.padded_num_seqs[pad]
-    pad_seq = -1 if pad == "negative" else 48
+    assert md.padding == pad and padded_num_seqs == (49 if pad == "tail" else 48)
     assert tuple(md.chunk_indices.shape) == (builder.capacity.rows, 2)
     assert md.cu_seqlens.shape[0] == padded_num_seqs + 1 == md.chunk_offsets.shape[0]
-    assert_padded(md, batch, chunk_size, padded_num_seqs, builder.capacity.rows, pad_seq)
+    assert_padded(md, batch, chunk_size, padded_num_seqs, builder.capacity.rows, *layout.padding_row(pad, 48))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("pad", ["tail", "negative"])
+@pytest.mark.parametrize("pad", layout.PADS)
 def test_padded_layout_at_full_sequence_capacity(backend, pad):
     """N == max_num_seqs, a power of two: the tail mode's extra entry lies past the kernel's
     sequence lanes, and the reserved tail sequence is still there for padding rows."""
@@ -64,8 +64,71 @@ def test_padded_layout_at_full_sequence_capacity(backend, pad):
     for batch in (from_lengths([10, 64, 65, 1]), from_lengths([0, 0, 0, 0]), from_lengths([], first_seq=0)):
         qsl, qsl_cpu = tensors_for(batch)
         md = builder.build_padded(qsl, qsl_cpu, pad=pad)
-        pad_seq = 4 if pad == "tail" else -1
-        assert_padded(md, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)
+        assert_padded(md, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
+                      *layout.padding_row(pad, 4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pad", layout.BOUNDED_PADS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), chunk_size=CHUNK_SIZES)
+def test_bounded_layout_equals_reference(backend, pad, data, chunk_size):
+    """No host lengths: rows from the host bound, the real tables first, padding after them."""
+    builder = ChunkMetadataBuilder(48, 48 * 600, chunk_size=chunk_size, device="cpu", backend=backend)
+    lengths = data.draw(st.lists(st.integers(0, 3 * chunk_size), max_size=48))
+    batch = from_lengths(lengths)
+    slack = data.draw(st.integers(0, 48 * 600 - batch.num_tokens))
+    qsl, _ = tensors_for(batch)
+    md = builder.build_bounded(qsl, max_num_tokens=batch.num_tokens + slack, pad=pad)
+    rows = layout.chunk_row_bound(len(lengths), batch.num_tokens + slack, chunk_size)
+    assert md.bounded and md.padding == pad and tuple(md.chunk_indices.shape) == (rows, 2)
+    assert (md.num_tokens, md.num_chunks, md.max_seqlen) == (batch.num_tokens + slack, rows, batch.num_tokens + slack)
+    assert md.generation == builder.builds == 1 and md.is_live
+    pad_seq, pad_chunk = layout.padding_row(pad, len(lengths))
+    assert_padded(md, batch, chunk_size, len(lengths), rows, pad_seq, pad_chunk)
+
+
+def test_chunk_row_bound_is_the_most_rows_any_split_needs():
+    """The bounded layout's row count is exactly the most chunk rows any split of at most T
+    tokens into N sequences needs (by exhaustive search over small cases): a bound, and no looser."""
+    for c in (16, 32):
+        most = {0: [0] * (3 * c + 6)}  # most[n][t]: the most rows n sequences of t tokens in all need
+        for n in range(1, 6):
+            most[n] = [max(-(-k // c) + most[n - 1][t - k] for k in range(t + 1)) for t in range(3 * c + 6)]
+            for t in range(3 * c + 6):
+                assert layout.chunk_row_bound(n, t, c) == max(most[n][: t + 1]), (n, t, c)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounded_build_rejects_bad_input_and_changes_nothing(backend):
+    builder = ChunkMetadataBuilder(4, 256, device="cpu", backend=backend)
+    qsl, _ = tensors_for(from_lengths([3, 70, 0]))
+    kept = builder.build_bounded(qsl, max_num_tokens=73)
+    cases = [
+        (dict(max_num_tokens=257), "max_num_tokens=257"),
+        (dict(max_num_tokens=-1), "max_num_tokens=-1"),
+        (dict(max_num_tokens=1.5), "max_num_tokens=1.5"),
+        (dict(max_num_tokens=73, num_seqs=4), "num_seqs=4"),
+        (dict(max_num_tokens=73, pad="tail"), "pad='tail'"),
+    ]
+    for kwargs, fragment in cases:
+        with pytest.raises(ChunkMetaError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+            builder.build_bounded(qsl, **kwargs)
+    with pytest.raises(ChunkMetaError, match="query_start_loc"):
+        builder.build_bounded(qsl.tolist(), max_num_tokens=73)
+    with pytest.raises(ChunkMetaError, match="exceeds the builder's capacity"):
+        builder.build_bounded(tensors_for(from_lengths([1] * 5))[0], max_num_tokens=5)
+    assert builder.builds == 1 and kept.is_live
+
+
+def test_past_end_rows_are_refused_where_a_sequence_can_reach_them():
+    big = ChunkMetadataBuilder(2, layout.PAST_END_CHUNK * 16 + 1, chunk_size=16, device="cpu")
+    qsl, qsl_cpu = tensors_for(from_lengths([5]))
+    with pytest.raises(ChunkMetaError, match="PAST_END_CHUNK"):
+        big.build_padded(qsl, qsl_cpu, pad="past_end")
+    with pytest.raises(ChunkMetaError, match="PAST_END_CHUNK"):
+        big.build_bounded(qsl, max_num_tokens=5)
+    assert big.build_padded(qsl, qsl_cpu, pad="negative").num_chunks == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

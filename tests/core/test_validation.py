@@ -125,3 +125,27 @@ def test_numpy_int_slice_arguments_are_accepted():
 
 def test_chunk_metadata_error_is_a_value_error():
     assert issubclass(ChunkMetaError, ValueError)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only torch's answer")
+def test_a_cuda_builder_on_cpu_only_torch_is_a_clear_error():
+    with pytest.raises(ChunkMetaError, match="sees no CUDA device; use device='cpu'"):
+        ChunkMetadataBuilder(4, 64, device="cuda")
+    with pytest.raises(ChunkMetaError, match="sees no CUDA device"):
+        ChunkMetadataBuilder(4, 64, device="cuda:1")
+
+
+def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
+    """Triton fixes interpreted or compiled when it is imported, so this runs in a fresh process
+    without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from chunkmeta import ChunkMetadataBuilder, ChunkMetaError\n"
+            "try:\n    ChunkMetadataBuilder(4, 64, device='cpu', backend='triton')\n"
+            "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "ChunkMetaError: backend='triton' on CPU tensors runs only under Triton's interpreter" in out.stdout, (
+        out.stdout + out.stderr)

@@ -145,7 +145,7 @@ def test_cpu_builders_do_not_use_the_c_launch():
     from chunkmeta import ChunkMetadataBuilder
 
     builder = ChunkMetadataBuilder(4, 256, device="cpu")
-    assert builder._native is None
+    assert builder.c_build is None and builder.native_kernel == {}
 
 
 class CountingNative:
@@ -166,17 +166,17 @@ class CountingNative:
 def host_only_builder(monkeypatch, native_module, layouts):
     """A CPU builder whose C build (``native_module``) runs for ``layouts`` as on CUDA, with a
     host-only fill (function 0: nothing is launched); the device calls it makes are faked."""
-    from types import SimpleNamespace
-
-    from chunkmeta import ChunkMetadataBuilder
+    from chunkmeta import ChunkMetadataBuilder, layout
 
     builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend="torch")
-    builder._native, builder._device_index = native_module, 0
+    builder.c_build = native.CBuild(native_module, builder.ring, 64, device_index=0, params_ptr=0)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
-    host_only = SimpleNamespace(block_rows=256, plain_kernel=lambda dtype: (0, 4, 0))
+    host_only = [("triton", (0, 256, 4, 0))]  # function 0: the host side alone
     for pad in layouts:
-        builder._make_native_fill(host_only, pad, torch.int32)
+        cap = builder.capacity
+        shape = layout.Layout(-1, -1, 0, 0) if pad is None else layout.padded(pad, cap.seqs, cap.rows)
+        builder.c_build.add_layout(pad, torch.int32, shape, host_only)
     return builder
 
 
@@ -186,17 +186,17 @@ def test_builder_hot_path_on_the_host(monkeypatch):
     cu_seqlens_cpu, tensor shapes, ring generations, fallback on bad input — against the
     reference. (The device tables are not written without a launch; tests/core/test_gpu.py checks
     them on a GPU.)"""
-    from chunkmeta import reference
+    from chunkmeta import layout, reference
     from chunkmeta.workloads import random_decode_first
 
     counting = CountingNative(compiled)
-    layouts = [None, "tail", "negative"]
+    layouts = [None, "tail", "negative", "past_end"]
     builder = host_only_builder(monkeypatch, counting, layouts)
     rng = np.random.default_rng(3)
     kept = []
     for k in range(30):
         batch = random_decode_first(rng, 8, 1500)
-        pad = layouts[k % 3]
+        pad = layouts[k % len(layouts)]
         qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
         qsl = qsl_cpu.clone()
         kw = dict(first_seq=batch.first_seq, num_seqs=batch.num_seqs)
@@ -205,9 +205,10 @@ def test_builder_hot_path_on_the_host(monkeypatch):
             ref = reference.chunk_metadata(batch.query_start_loc, 64, batch.first_seq, batch.num_seqs)
             assert tuple(md.chunk_indices.shape) == (ref.num_chunks, 2)
         else:
+            pad_seq, pad_chunk = layout.padding_row(pad, builder.capacity.seqs)
             ref = reference.padded_chunk_metadata(batch.query_start_loc, 64, builder.padded_num_seqs[pad],
-                                                  builder.capacity.rows, -1 if pad == "negative" else 8,
-                                                  batch.first_seq, batch.num_seqs)
+                                                  builder.capacity.rows, pad_seq, batch.first_seq, batch.num_seqs,
+                                                  pad_chunk)
             assert tuple(md.chunk_indices.shape) == (builder.capacity.rows, 2)
         assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
         assert md.cu_seqlens.shape[0] == md.chunk_offsets.shape[0] == len(ref.cu_seqlens)
@@ -246,4 +247,4 @@ def test_failed_launch_turns_the_c_build_off_for_that_layout(monkeypatch):
         ref = reference.chunk_metadata(qsl_cpu.tolist(), 64)
         assert md.chunk_indices.tolist() == [list(r) for r in ref.chunk_indices]
     assert failing.builds == 1
-    assert builder.native_kernel[(None, torch.int32)] is None and not builder._native_fills[(None, torch.int32)]
+    assert builder.native_kernel[(None, torch.int32)] is None

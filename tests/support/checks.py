@@ -48,19 +48,36 @@ def assert_exact(md, batch: Batch, chunk_size: int):
     assert md.single_seqlen == (non_empty[0] if len(non_empty) == 1 else None)
 
 
-def assert_padded(md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_rows: int, pad_seq: int):
-    """md equals the padded reference: real rows first, then (pad_seq, 0); zero-length tails."""
+def assert_padded(md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_rows: int, pad_seq: int,
+                  pad_chunk: int = 0):
+    """md equals the padded reference: real rows first, then (pad_seq, pad_chunk); zero-length
+    tails; and padding rows that no FLA kernel reads tokens for."""
     ref = reference.padded_chunk_metadata(batch.query_start_loc, chunk_size, padded_num_seqs, num_rows, pad_seq,
-                                          batch.first_seq, batch.num_seqs)
+                                          batch.first_seq, batch.num_seqs, pad_chunk)
     cu, indices, offsets = as_lists(md)
     assert cu == ref.cu_seqlens
     assert indices == ref.chunk_indices
     assert offsets == ref.chunk_offsets
-    assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
     assert md.padded
-    assert (md.num_seqs, md.num_tokens, md.num_chunks) == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
-    if pad_seq >= 0:  # padding rows point at a zero-length sequence of the padded cu_seqlens
-        assert pad_seq >= md.num_seqs and cu[pad_seq] == cu[pad_seq + 1]
+    if md.bounded:
+        assert md.cu_seqlens_cpu is None and md.num_seqs == ref.num_seqs and md.num_chunks >= ref.num_chunks
+        assert md.num_tokens >= ref.num_tokens and md.max_seqlen >= ref.max_seqlen
+    else:
+        assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
+        assert (md.num_seqs, md.num_tokens, md.num_chunks) == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
+    if len(indices) > ref.num_chunks:
+        assert_harmless_padding(cu, pad_seq, pad_chunk, chunk_size, md.num_seqs)
+
+
+def assert_harmless_padding(cu, pad_seq: int, pad_chunk: int, chunk_size: int, num_seqs: int):
+    """A padding row points at a zero-length sequence, at a chunk past the end of its sequence,
+    or is (-1, 0) (FLA KDA's use_graph rows): never at tokens of a real sequence."""
+    if pad_seq < 0:
+        assert (pad_seq, pad_chunk) == (-1, 0)
+    elif pad_chunk == 0:  # a zero-length sequence of the padded cu_seqlens
+        assert pad_seq >= num_seqs and cu[pad_seq] == cu[pad_seq + 1]
+    else:
+        assert pad_chunk * chunk_size >= cu[pad_seq + 1] - cu[pad_seq]
 
 
 def tensors_for(batch: Batch, device="cpu", dtype=torch.int32):

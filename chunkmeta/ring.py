@@ -1,0 +1,124 @@
+"""The ring: a builder's persistent buffers, which slot a build writes, and which results are live.
+
+Buffers (allocated once, on the builder's device, in ``depth`` slots):
+
+* ``cu_seqlens``  int32 ``[depth, max_num_seqs + 2]``
+* ``chunk_offsets`` int64 ``[depth, max_num_seqs + 2]``
+* ``chunk_indices`` int32 ``[depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
+* ``cu_seqlens_cpu`` int32 ``[depth, max_num_seqs + 2]`` on the host
+
+(``+ 2``: the ``"tail"`` layout reserves one zero-length tail sequence for its padding rows;
+each slot is rounded up to a 16-byte multiple.)
+
+The ring rule: build ``k`` (its generation) writes slot ``k % depth`` and returns views of it.
+The object returned by build ``k`` keeps its values through builds ``k+1 .. k+depth-1``; build
+``k+depth`` reuses its slot and retires it (``is_live`` turns False, ``check_live`` raises).
+On one CUDA stream the GPU side is safe at any depth (the next fill is queued after every kernel
+already queued that reads the slot); the depth bounds how long the *host* may hold an object
+and still queue work that reads it. ``retire(generation)`` retires every build up to it at once
+(the service's strict mode). Liveness is host bookkeeping only: it never reads the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from chunkmeta.plan import Capacity
+
+_VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Ring:
+    """``depth`` slots of the four tables, their generations, and the views handed out.
+
+    The ``Lease`` of every ``ChunkMetadata`` a builder returns (``chunkmeta.metadata.Lease``).
+    """
+
+    def __init__(self, depth: int, capacity: Capacity, device: torch.device):
+        self.depth = depth
+        self.capacity = capacity
+        seqs = capacity.seqs + 2
+        # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
+        # Slot strides are rounded up to 16 bytes: every slot starts as aligned as the first,
+        # which a compiled kernel (specialized on its first launch's pointers) relies on.
+        self.cu_seqlens = torch.zeros(depth, _round_up(seqs, 4), dtype=torch.int32, device=device)
+        self.chunk_offsets = torch.zeros(depth, _round_up(seqs, 2), dtype=torch.int64, device=device)
+        self.chunk_indices = torch.zeros(depth, _round_up(capacity.rows, 2), 2, dtype=torch.int32, device=device)
+        self.cu_seqlens_cpu = torch.zeros(depth, seqs, dtype=torch.int32)
+        self.cu_seqlens_cpu_np = self.cu_seqlens_cpu.numpy()
+        self._slots = [(self.cu_seqlens[k], self.chunk_indices[k], self.chunk_offsets[k], self.cu_seqlens_cpu[k])
+                       for k in range(depth)]
+        self._pointers = [tuple(t.data_ptr() for t in slot) for slot in self._slots]
+        self._slot_generation = [0] * depth
+        self._retired_through = 0  # generations <= this were retired explicitly (retire())
+        self.generation = 0  # the newest published build's
+        # Output views, cached by sequence count and by row count (a view costs a microsecond
+        # or more to make; steps repeat sequence counts far more often than row counts); each
+        # cache is cleared when it reaches _VIEW_CACHE_LIMIT. The C build reads both dicts.
+        self.seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
+        self.row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def claim(self) -> tuple[int, int]:
+        """``(slot, generation)`` of the next build; nothing changes until ``publish``."""
+        generation = self.generation + 1
+        return generation % self.depth, generation
+
+    def publish(self, slot: int, generation: int) -> None:
+        """Record a finished build: its slot now holds ``generation``'s tables."""
+        self.generation = generation
+        self._slot_generation[slot] = generation
+
+    def pointers(self, slot: int) -> tuple[int, int, int, int]:
+        """Addresses of slot ``slot``'s ``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)``."""
+        return self._pointers[slot]
+
+    # -- views ----------------------------------------------------------------------------
+
+    def views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
+        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` of a slot, sized to one
+        build, with new ``cu_seqlens`` / ``cu_seqlens_cpu`` objects every call: FLA memoizes its
+        helpers (``prepare_lens``, ``prepare_chunk_indices``, ...) by argument identity, so a
+        reused object would get an earlier step's answer. (A ``detach()`` of the cached view:
+        a third of a slice's cost.)"""
+        cu, indices, offsets, cu_cpu = self.cached_views(slot, seqs_out, rows_out)
+        return cu.detach(), indices, offsets, cu_cpu.detach()
+
+    def cached_views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
+        """The same four views from the two caches, made (one slice each) on a miss."""
+        cu, indices, offsets, cu_cpu = self._slots[slot]
+        seq_views = self.seq_views.get((slot, seqs_out))
+        if seq_views is None:
+            if len(self.seq_views) >= _VIEW_CACHE_LIMIT:
+                self.seq_views.clear()
+            seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
+            self.seq_views[(slot, seqs_out)] = seq_views
+        rows = self.row_views.get((slot, rows_out))
+        if rows is None:
+            if len(self.row_views) >= _VIEW_CACHE_LIMIT:
+                self.row_views.clear()
+            rows = self.row_views[(slot, rows_out)] = indices[:rows_out]
+        return seq_views[0], rows, seq_views[1], seq_views[2]
+
+    # -- the Lease protocol -----------------------------------------------------------------
+
+    def is_live(self, slot: int, generation: int) -> bool:
+        return self._slot_generation[slot] == generation and generation > self._retired_through
+
+    def retire(self, generation: int) -> None:
+        self._retired_through = max(self._retired_through, generation)
+
+    def retired_message(self, slot: int, generation: int) -> str:
+        if generation <= self._retired_through:
+            return (f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
+                    "mode). Use the open step's metadata (service.current).")
+        return (
+            f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
+            f"{self._slot_generation[slot]} (ring_depth={self.depth}). Use the current step's "
+            "metadata, or raise ring_depth if the host must hold more steps."
+        )

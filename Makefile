@@ -3,22 +3,39 @@
 # nothing else pulls a different torch), then reuses it.
 
 PYTHON ?= python3
+TORCH_PIN := torch==2.13.0
+
+# Every venv here is built in two steps. The heavy one (torch, an engine, their dependencies) is
+# stamped with a hash of the pins it installs: changing a pin rebuilds that venv, and nothing else
+# does. Only the cheap install of chunkmeta itself (editable) follows pyproject.toml.
+pins_hash = $(shell printf '%s' '$(strip $(1))' | sha1sum | cut -c1-12)
+
 VENV := .venv
 PY := $(VENV)/bin/python
+VENV_DEPS := $(VENV)/.deps-$(call pins_hash,$(TORCH_PIN))
 STAMP := $(VENV)/.chunkmeta-installed
+LINT_PATHS := chunkmeta integrations tests bench conftest.py
 
-.PHONY: demo test test-gpu bench clean test-triton-compat
+.PHONY: demo test lint test-gpu clean test-triton-compat test-wheel format-c
 
-$(STAMP): pyproject.toml
+$(VENV_DEPS):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	touch $@
+
+# the test extra (pytest, hypothesis, fla-core, triton, ruff) is declared in pyproject.toml
+$(STAMP): $(VENV_DEPS) pyproject.toml
+	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[test]'
+	touch $@
 
 demo: $(STAMP)
 	$(PY) -m chunkmeta
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
+
+test: lint
 	$(PY) -m pytest
 
 test-gpu: $(STAMP)
@@ -32,23 +49,29 @@ test-gpu: $(STAMP)
 TRITON_COMPAT ?= 3.6.0
 NVRTC_COMPAT ?= 13.0.88
 COMPAT_VENV := .venv-triton-$(TRITON_COMPAT)
-COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_PKGS := numpy attrs pytest
+COMPAT_DEPS := $(COMPAT_VENV)/.deps-$(call pins_hash,$(TORCH_PIN) $(TRITON_COMPAT) $(NVRTC_COMPAT) $(COMPAT_PKGS))
+COMPAT_STAMP := $(COMPAT_VENV)/.chunkmeta-installed
 
 # Triton goes in with --no-deps: it must stay at TRITON_COMPAT whatever torch's wheel declares.
-$(COMPAT_STAMP): pyproject.toml Makefile
+$(COMPAT_DEPS):
 	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps triton==$(TRITON_COMPAT)
-	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps nvidia-cuda-nvrtc==$(NVRTC_COMPAT)
-	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy attrs pytest
-	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	$(COMPAT_VENV)/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"
-	$(COMPAT_VENV)/bin/python -c "from chunkmeta.fill import cuda_fill; v = cuda_fill.nvrtc_version(); assert v == '$(basename $(NVRTC_COMPAT))', v"
-	touch $(COMPAT_STAMP)
+	$(COMPAT_PY) -m pip install --quiet $(TORCH_PIN)
+	$(COMPAT_PY) -m pip install --quiet --no-deps triton==$(TRITON_COMPAT)
+	$(COMPAT_PY) -m pip install --quiet --no-deps nvidia-cuda-nvrtc==$(NVRTC_COMPAT)
+	$(COMPAT_PY) -m pip install --quiet $(TORCH_PIN) $(COMPAT_PKGS)
+	$(COMPAT_PY) -c "import triton; assert triton.__version__ == '$(TRITON_COMPAT)', triton.__version__"
+	touch $@
+
+$(COMPAT_STAMP): $(COMPAT_DEPS) pyproject.toml
+	$(COMPAT_PY) -m pip install --quiet --no-deps -e .
+	$(COMPAT_PY) -c "from chunkmeta.fill import cuda_fill; v = cuda_fill.nvrtc_version(); assert v == '$(basename $(NVRTC_COMPAT))', v"
+	touch $@
 
 # CHUNKMETA_REQUIRE_SM90_COMPILE: a Triton that cannot compile for sm_90 here fails, not skips
 test-triton-compat: $(COMPAT_STAMP)
-	CHUNKMETA_REQUIRE_SM90_COMPILE=1 $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra" \
+	CHUNKMETA_REQUIRE_SM90_COMPILE=1 $(COMPAT_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
 		tests/kernels/test_kernel_compiles.py
 
 # Opt-in: the SGLang adapter against a real SGLang (CPU). Its own venv, .venv-sglang: SGLang's
@@ -59,22 +82,26 @@ test-triton-compat: $(COMPAT_STAMP)
 SGLANG_VERSION ?= 0.5.23
 SGLANG_VENV := .venv-sglang
 SGLANG_PY := $(SGLANG_VENV)/bin/python
-SGLANG_STAMP := $(SGLANG_VENV)/.sglang-$(SGLANG_VERSION)-installed
-TORCH_PIN := torch==2.13.0
+SGLANG_DEPS := numpy orjson psutil pybase64 requests packaging pillow \
+	starlette msgspec pydantic pyzmq tqdm IPython aiohttp dill einops gguf partial_json_parser uvicorn \
+	fastapi triton transformers==5.19.0 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 \
+	compressed-tensors==0.18.0 openai==2.8.0 pytest attrs
+SGLANG_DEPS_STAMP := $(SGLANG_VENV)/.deps-$(call pins_hash,$(TORCH_PIN) $(SGLANG_VERSION) $(SGLANG_DEPS))
+SGLANG_STAMP := $(SGLANG_VENV)/.chunkmeta-installed
 
-$(SGLANG_STAMP): pyproject.toml
+$(SGLANG_DEPS_STAMP):
 	$(PYTHON) -m venv $(SGLANG_VENV)
 	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN)
 	rm -rf $(SGLANG_VENV)/wheels
 	$(SGLANG_PY) -m pip download --quiet --no-deps -d $(SGLANG_VENV)/wheels sglang==$(SGLANG_VERSION)
 	$(SGLANG_PY) -m pip install --quiet --no-deps $(SGLANG_VENV)/wheels/sglang-*.whl
-	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) numpy orjson psutil pybase64 requests packaging pillow \
-		starlette msgspec pydantic pyzmq tqdm IPython aiohttp dill einops gguf partial_json_parser uvicorn \
-		fastapi triton transformers==5.19.0 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 \
-		compressed-tensors==0.18.0 openai==2.8.0
-	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) pytest attrs -e .
+	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) $(SGLANG_DEPS)
 	$(SGLANG_PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-	touch $(SGLANG_STAMP)
+	touch $@
+
+$(SGLANG_STAMP): $(SGLANG_DEPS_STAMP) pyproject.toml
+	$(SGLANG_PY) -m pip install --quiet $(TORCH_PIN) -e .
+	touch $@
 
 test-sglang: $(SGLANG_STAMP)
 	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/integrations/sglang/test_sglang_real.py tests/integrations/sglang/test_sglang.py
@@ -88,9 +115,8 @@ test-sglang: $(SGLANG_STAMP)
 VLLM_VERSION ?= 0.33.0
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
-VLLM_STAMP := $(VLLM_VENV)/.vllm-$(VLLM_VERSION)-installed
 VLLM_WHEEL_DIR ?= $(VLLM_VENV)/wheels
-VLLM_PIP := $(VLLM_PY) -m pip install --quiet --no-deps torch==2.13.0
+VLLM_PIP := $(VLLM_PY) -m pip install --quiet --no-deps $(TORCH_PIN)
 # torch's requirements; the pure-Python/CPU packages vLLM's config, attention-backend and model
 # modules import (pinned where vLLM pins them); pytest's.
 VLLM_DEPS := filelock fsspec jinja2 MarkupSafe networkx sympy mpmath typing-extensions setuptools \
@@ -104,19 +130,67 @@ VLLM_DEPS := filelock fsspec jinja2 MarkupSafe networkx sympy mpmath typing-exte
 	einops compressed-tensors==0.17.0 loguru \
 	pytest pluggy iniconfig pygments
 
-$(VLLM_STAMP): pyproject.toml
+VLLM_DEPS_STAMP := $(VLLM_VENV)/.deps-$(call pins_hash,$(TORCH_PIN) $(VLLM_VERSION) $(VLLM_DEPS))
+VLLM_STAMP := $(VLLM_VENV)/.chunkmeta-installed
+
+$(VLLM_DEPS_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) $(VLLM_DEPS)
 	ls $(VLLM_WHEEL_DIR)/vllm-$(VLLM_VERSION)-*.whl >/dev/null 2>&1 || \
 		$(VLLM_PY) -m pip download --quiet --no-deps -d $(VLLM_WHEEL_DIR) vllm==$(VLLM_VERSION)
 	$(VLLM_PIP) $(VLLM_WHEEL_DIR)/vllm-$(VLLM_VERSION)-*.whl
-	$(VLLM_PIP) -e .
 	$(VLLM_PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-	touch $(VLLM_STAMP)
+	touch $@
+
+$(VLLM_STAMP): $(VLLM_DEPS_STAMP) pyproject.toml
+	$(VLLM_PIP) -e .
+	touch $@
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
 		tests/integrations/vllm/test_vllm_real.py
 
+# What a new user gets: a wheel built from this checkout, installed into a fresh venv (torch
+# first, so that nothing pulls another), run from outside the checkout so that only the installed
+# copy can be imported. Every tracked module and data file must be in it (a package missing from
+# pyproject.toml's list, or package data not declared, fails here), and every module of
+# chunkmeta.integrations must import without its engine.
+WHEEL_TEST := $(or $(TMPDIR),/tmp)/chunkmeta-wheel-test
+define WHEEL_CHECK
+import importlib, pkgutil, sys
+from pathlib import Path
+import chunkmeta.integrations
+from chunkmeta.replay import DEFAULT_TRACE
+root = Path(chunkmeta.__file__).parent
+assert root.is_relative_to(sys.prefix), f"chunkmeta imported from {root}, not from the wheel"
+tracked = [p for p in Path(sys.argv[1]).read_text().split() if p.rsplit(".", 1)[-1] in ("py", "jsonl", "c", "cu", "h")]
+installed = ["chunkmeta/" + p if p.startswith("integrations/") else p for p in tracked]
+missing = [p for p in installed if not (root.parent / p).is_file()]
+assert not missing, f"tracked but not in the wheel: {missing}"
+modules = [m.name for m in pkgutil.walk_packages(chunkmeta.integrations.__path__, "chunkmeta.integrations.")]
+for name in modules:
+    importlib.import_module(name)
+print(f"wheel: {len(installed)} tracked files installed; trace {DEFAULT_TRACE}; imported {', '.join(modules)}")
+endef
+export WHEEL_CHECK
+
+test-wheel:
+	rm -rf $(WHEEL_TEST)
+	$(PYTHON) -m venv $(WHEEL_TEST)/venv
+	$(WHEEL_TEST)/venv/bin/python -m pip install --quiet $(TORCH_PIN)
+	$(WHEEL_TEST)/venv/bin/python -m pip wheel --quiet --no-deps . -w $(WHEEL_TEST)
+	$(WHEEL_TEST)/venv/bin/python -m pip install --quiet $(TORCH_PIN) $(WHEEL_TEST)/chunkmeta-*.whl
+	git ls-files chunkmeta integrations > $(WHEEL_TEST)/tracked.txt
+	cd $(WHEEL_TEST) && venv/bin/python -c "$$WHEEL_CHECK" tracked.txt
+	cd $(WHEEL_TEST) && venv/bin/python -m chunkmeta --no-fla --repeats 1
+
+# Optional: clang-format the kernel sources with .clang-format (pip install clang-format).
+CLANG_FORMAT ?= clang-format
+CSRC := $(wildcard chunkmeta/csrc/*.c chunkmeta/csrc/*.cu chunkmeta/csrc/*.h)
+format-c:
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-c: $(CLANG_FORMAT) not found (pip install clang-format)"; exit 1; }
+	@test -n "$(CSRC)" || { echo "format-c: no sources in chunkmeta/csrc/"; exit 1; }
+	$(CLANG_FORMAT) -i $(CSRC)
+
 clean:
-	rm -rf $(VENV) .venv-triton-* .pytest_cache .hypothesis .benchmarks *.egg-info
+	rm -rf $(VENV) .venv-triton-* .pytest_cache .hypothesis .benchmarks .ruff_cache *.egg-info

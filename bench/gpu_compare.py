@@ -11,15 +11,14 @@ round (A B C ... A B C ...):
 * device µs per call: CUDA events around 100 calls queued behind a sleep kernel (host ahead);
 * whether the result equals ``chunkmeta.reference`` (real rows; padded layouts' padding too).
 
-Prints a table (medians, p99, ratios to chunkmeta's builder), writes ``results.json`` and
-``latency.png`` under ``--out``, and a host-time breakdown of chunkmeta's build.
+Prints a table (medians, p99, ratios to chunkmeta's builder) and a host-time breakdown of
+chunkmeta's build; writes its record (bench/results.py: ``gpu_compare.runs.jsonl``) and
+``latency.png`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import anchors  # noqa: E402
+import results as runs  # noqa: E402  (bench/results.py: the record format)
 
 import chunkmeta  # noqa: E402
 from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference  # noqa: E402
@@ -257,21 +257,12 @@ def main() -> int:
         del case
         torch.cuda.empty_cache()
 
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "fla": kda.fla_version() or "not installed",
-        "python": platform.python_version(),
-        "nvrtc": cuda_fill.nvrtc_version(),
-        "graphs_captured_first": len(warm_graphs),
-        "chunk_size": args.chunk_size,
-        "rounds": args.rounds,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": " ".join(sys.argv),
-    }
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results,
-                                                      "host_breakdown": breakdowns}, indent=1))
+    figures = {"chunk_size": args.chunk_size, "rounds": args.rounds, "graphs_captured_first": len(warm_graphs),
+               "results": results, "host_breakdown": breakdowns}
+    record = runs.save("gpu_compare", figures, script="bench/gpu_compare.py", argv=sys.argv[1:], out=args.out)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "fla": kda.fla_version() or "not installed",
+            "nvrtc": cuda_fill.nvrtc_version(), "date": record["date"], **figures}
     print(format_table(results, meta))
     print(format_breakdown(breakdowns))
     _plot(results, out_dir / "latency.png")

@@ -5,30 +5,39 @@ gpu_compare's fourth workload and stays there; each workload captures one CUDA g
 times the same empty launch (device µs per call, median of 5 x 100) in a fresh process after
 capturing 0, 1, ..., 8 trivial graphs, and after freeing them.
 
-    python bench/graph_floor.py
+    python bench/graph_floor.py [--out DIR]     (its record: DIR/graph_floor.runs.jsonl)
 """
 
+import argparse
 import gc
 import sys
 
+import results as runs  # bench/results.py: the record format
 import torch
 from gpu_compare import capture_trivial_graph
 from launch_floor import empty_us as e
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_out")
+    args = parser.parse_args(argv)
     e()
-    print("graphs 0:", f"{e():.2f}")
+    figures = {"graphs": {"0": e()}}
+    print("graphs 0:", f"{figures['graphs']['0']:.2f}")
     graphs = []
     for i in range(1, 9):
         graphs.append(capture_trivial_graph())
-        print(f"graphs {i}:", f"{e():.2f}", flush=True)
+        figures["graphs"][str(i)] = us = e()
+        print(f"graphs {i}:", f"{us:.2f}", flush=True)
     del graphs
     gc.collect()
     torch.cuda.synchronize()
-    print("graphs freed:", f"{e():.2f}")
+    figures["graphs_freed"] = e()
+    print("graphs freed:", f"{figures['graphs_freed']:.2f}")
+    runs.save("graph_floor", figures, script="bench/graph_floor.py", argv=argv, out=args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

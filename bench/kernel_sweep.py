@@ -6,13 +6,18 @@ since it drifts), the Triton default without its row search, an I/O floor kernel
 same loads and stores, with no scan and no search), and an empty CUDA kernel at the CUDA fill's
 grid and block.
 
-    python bench/kernel_sweep.py [--default-only]    (--default-only: no Triton configurations)
+    python bench/kernel_sweep.py [--default-only] [--out DIR]
+
+--default-only: no Triton configurations. Prints one line per fill and workload and writes the
+figures as its record (bench/results.py) to ``DIR/kernel_sweep.runs.jsonl``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+import results as runs  # bench/results.py: the record format
 import torch
 import triton
 import triton.language as tl
@@ -166,28 +171,46 @@ def diagnostic_cuda_us(body: str, entry: bytes, cuda, grid: int, pointers, int32
     return slow_launch_us(lambda: cuda_fill.launch(function, grid, cuda.threads, stream, pointers, int32s))
 
 
-def cuda_line(capacity, tensors, ref) -> str:
+def cuda_figures(capacity, tensors, ref) -> dict | None:
+    """The CUDA C fill's default and every shape of CUDA_CONFIGS, fastest first, with its
+    diagnostics; None without NVRTC."""
     default = CudaFill(chunk_size=64, block_seqs=capacity, padded=False)
     chosen = time_cuda_fill(default, *tensors, ref)
     if chosen is None:
-        return "CUDA C fill: not available (no NVRTC)"
+        return None
     results = []
     for threads, rows in CUDA_CONFIGS:
         timed = time_cuda_fill(CudaFill(chunk_size=64, block_seqs=capacity, padded=False, threads=threads,
                                         block_rows=rows), *tensors, ref)
         results.append((timed, f"{threads}/{rows}"))
     results.sort()
-    wrong = [config for (_, ok), config in results if not ok]
     qsl, params, cu, indices, offsets, num_seqs, nt = tensors
     grid = -(-nt // default.block_rows)
     empty = diagnostic_cuda_us(EMPTY_CUDA, b"empty_fill", default, grid, [0] * 5, [0] * 5)
     pointers = [qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr()]
     io_floor = diagnostic_cuda_us(IO_FLOOR_CUDA, b"io_floor_fill", default, grid, pointers,
                                   [0, num_seqs, nt, num_seqs, 0])
-    return (f"CUDA C fill: default {default.threads}/{default.block_rows} {chosen[0]:.2f}"
-            f" (empty kernel, {grid} x {default.threads} threads: {empty:.2f}; I/O floor: {io_floor:.2f})"
-            f"{'' if chosen[1] else ' WRONG'}" + (f"; WRONG: {wrong}" if wrong else "") + " | "
-            + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:8]))
+    return {"default": f"{default.threads}/{default.block_rows}", "us": chosen[0], "exact": chosen[1],
+            "grid": grid, "threads": default.threads, "empty_kernel": empty, "io_floor": io_floor,
+            "configs": [[config, us] for (us, _), config in results],
+            "wrong": [config for (_, ok), config in results if not ok]}
+
+
+def cuda_line(c: dict | None) -> str:
+    if c is None:
+        return "CUDA C fill: not available (no NVRTC)"
+    return (f"CUDA C fill: default {c['default']} {c['us']:.2f}"
+            f" (empty kernel, {c['grid']} x {c['threads']} threads: {c['empty_kernel']:.2f}; I/O floor: "
+            f"{c['io_floor']:.2f}){'' if c['exact'] else ' WRONG'}" + (f"; WRONG: {c['wrong']}" if c["wrong"] else "")
+            + " | " + "  ".join(f"{config}:{us:.2f}" for config, us in c["configs"][:8]))
+
+
+def triton_line(w: dict) -> str:
+    t = w["triton"]
+    return (f"{w['key']} capacity={w['capacity']} NT={w['num_chunks']}: empty launch {w['empty_launch']:.2f}; default "
+            f"{t['default']} {t['us']:.2f}{'' if t['exact'] else ' WRONG'} (no row search: {t['no_row_search']:.2f}; "
+            f"I/O floor: {t['io_floor']:.2f})" + (f"; WRONG: {t['wrong']}" if t["wrong"] else "") + " | "
+            + "  ".join(f"{config}:{us:.2f}" for config, us in t["configs"][:10]))
 
 
 # (BLOCK_ROWS, num_warps, SCAN_COLS) tried per workload
@@ -195,8 +218,13 @@ CONFIGS = [(rows, warps, cols) for rows in (128, 256, 512) for warps in (4, 8, 1
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--default-only", action="store_true", help="no Triton configurations")
+    parser.add_argument("--out", default="bench_out", help="where its record (kernel_sweep.runs.jsonl) goes")
+    args = parser.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first; "
           "configs are BLOCK_ROWS/num_warps/SCAN_COLS (Triton) and THREADS/BLOCK_ROWS (CUDA C fill)")
+    workloads = []
     for num_seqs, num_tokens, capacity in CASES:
         batch = workload(num_seqs, num_tokens, seed=num_seqs)
         ref = reference.chunk_metadata(batch.query_start_loc, 64)
@@ -209,21 +237,25 @@ def main(argv: list[str]) -> int:
         tensors = (qsl, params, cu, indices, offsets, num_seqs, nt)
         empty = empty_launch_us()
         results = []
-        for block_rows, num_warps, scan_cols in CONFIGS if "--default-only" not in argv else ():
+        for block_rows, num_warps, scan_cols in CONFIGS if not args.default_only else ():
             fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
                               block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
             results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
         results.sort()
         default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
         chosen = time_fill(default, *tensors, ref)
-        wrong = [config for (_, ok), config in results if not ok]
-        print(f"{num_seqs}x{num_tokens // 1024}k capacity={capacity} NT={nt}: empty launch {empty:.2f}; default "
-              f"{default.block_rows}/{default.num_warps}/{default.constexprs['SCAN_COLS']} "
-              f"{chosen[0]:.2f}{'' if chosen[1] else ' WRONG'} (no row search: {no_search_us(default, tensors):.2f}; "
-              f"I/O floor: {io_floor_us(default, *tensors):.2f})"
-              + (f"; WRONG: {wrong}" if wrong else "") + " | "
-              + "  ".join(f"{config}:{us:.2f}" for (us, ok), config in results[:10]))
-        print(f"    {cuda_line(capacity, tensors, ref)}; empty launch {empty_launch_us():.2f}", flush=True)
+        w = {"key": f"{num_seqs}x{num_tokens // 1024}k", "capacity": capacity, "num_chunks": nt, "empty_launch": empty,
+             "triton": {"default": f"{default.block_rows}/{default.num_warps}/{default.constexprs['SCAN_COLS']}",
+                        "us": chosen[0], "exact": chosen[1], "no_row_search": no_search_us(default, tensors),
+                        "io_floor": io_floor_us(default, *tensors),
+                        "configs": [[config, us] for (us, _), config in results],
+                        "wrong": [config for (_, ok), config in results if not ok]}}
+        print(triton_line(w))
+        w["cuda"] = cuda_figures(capacity, tensors, ref)
+        w["empty_launch_after"] = empty_launch_us()
+        print(f"    {cuda_line(w['cuda'])}; empty launch {w['empty_launch_after']:.2f}", flush=True)
+        workloads.append(w)
+    runs.save("kernel_sweep", {"workloads": workloads}, script="bench/kernel_sweep.py", argv=argv, out=args.out)
     return 0
 
 

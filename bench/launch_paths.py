@@ -2,13 +2,15 @@
 gpu_compare's figure (builder.build) and kernel_sweep's (TritonFill.launch on fixed buffers)
 differ.
 
-    python bench/launch_paths.py
+    python bench/launch_paths.py [--out DIR]     (its record: DIR/launch_paths.runs.jsonl)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+import results as runs  # bench/results.py: the record format
 import torch
 
 from chunkmeta import ChunkMetadataBuilder
@@ -23,7 +25,11 @@ def us(fn, calls):
     return device_us_per_call(fn, calls=calls, repeats=5)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench_out")
+    args = parser.parse_args(argv)
+    figures = {"workloads": {}}
     print(f"# {torch.cuda.get_device_name()}: device µs per build, median of 5 x N calls behind a sleep kernel")
     for num_seqs, num_tokens, cap_seqs in CASES:
         batch = workload(num_seqs, num_tokens, seed=num_seqs)
@@ -44,9 +50,12 @@ def main() -> int:
                 # False (nothing launched) without a direct launcher: timing it would read ~0 µs
                 assert fill.launch(*args), "no direct launcher (CHUNKMETA_FAST_LAUNCH=0 or a launch hook)"
                 row.append(("TritonFill.launch slot 0 calls=200", us(lambda: fill.launch(*args), 200)))
-        print(f"{num_seqs}x{num_tokens // 1024}k cap={cap_seqs}: " + "  ".join(f"{k}: {v:.2f}" for k, v in row))
+        key = f"{num_seqs}x{num_tokens // 1024}k"
+        figures["workloads"][key] = {"capacity": cap_seqs, "paths": dict(row)}
+        print(f"{key} cap={cap_seqs}: " + "  ".join(f"{k}: {v:.2f}" for k, v in row))
+    runs.save("launch_paths", figures, script="bench/launch_paths.py", argv=argv, out=args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

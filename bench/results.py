@@ -128,6 +128,13 @@ def make_record(kind: str, figures: dict, *, command: str, date: str | None = No
     return record
 
 
+def save(kind: str, figures: dict, *, script: str, argv: list[str], out: str | os.PathLike) -> dict:
+    """A benchmark script's record, written under its ``--out`` directory."""
+    record = make_record(kind, figures, command=command_line([script, *argv], out))
+    write_record(out, record)
+    return record
+
+
 def write_record(out_dir: str | os.PathLike, record: dict) -> Path:
     """Append ``record`` to ``out_dir/<kind>.runs.jsonl`` (run_gpu.sh gathers those files)."""
     path = Path(out_dir) / f"{record['kind']}{RECORD_SUFFIX}"
@@ -167,13 +174,16 @@ def pytest_benchmark_figures(data: dict) -> dict:
 def demo_figures(log: str) -> dict:
     """The main job's per-step table and summary (``python -m chunkmeta``'s output)."""
     figures: dict = {"per_step": []}
+    names = {"step": "step", "N": "num_seqs", "T": "num_tokens", "NT": "num_chunks", "host_us": "host_us",
+             "fla_us": "fla_us", "dev_us": "device_us", "match": "match"}
+    header = None
     for ln in log.splitlines():
         cells = ln.split()
-        if len(cells) == 8 and cells[0].isdigit():
-            step, n, t, nt = (int(c) for c in cells[:4])
-            host, fla, dev = (float(c) for c in cells[4:7])
-            figures["per_step"].append({"step": step, "num_seqs": n, "num_tokens": t, "num_chunks": nt,
-                                        "host_us": host, "fla_us": fla, "device_us": dev, "match": cells[7]})
+        if cells[:1] == ["step"] and not ln.startswith("steps:"):
+            header = [names.get(c, c) for c in cells]  # the columns differ with the device and --no-fla
+        elif header and len(cells) == len(header) and cells[0].isdigit():
+            figures["per_step"].append({k: v if k == "match" else float(v) if "." in v else int(v)
+                                        for k, v in zip(header, cells)})
     patterns = {
         r"steps: (\d+)\s+mismatches: (\d+)": ("steps", "mismatches"),
         r"chunkmeta host us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("host_us_p50", "host_us_p99"),
@@ -241,7 +251,7 @@ def add(files: list[str], commit: str | None, data: Path = DATA) -> int:
     with data.open("a") as f:
         for record in new:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    print(f"appended {len(new)} records to {data.relative_to(HERE.parent)}: " + ", ".join(r["id"] for r in new))
+    print(f"appended {len(new)} records to {data}: " + ", ".join(r["id"] for r in new))
     return 0
 
 
@@ -657,6 +667,8 @@ def render(records: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="the data file (default: bench/results/runs.jsonl)")
+    parser.add_argument("--results-md", type=Path, default=RESULTS_MD, help="what render writes")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("render", help="write bench/RESULTS.md from the data file")
     p.add_argument("--check", action="store_true", help="exit 1 if bench/RESULTS.md is not what render writes")
@@ -672,17 +684,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--command", required=True, dest="stage_command")
     args = parser.parse_args(argv)
     if args.command == "render":
-        text = render(load())
+        text = render(load(args.data))
         if args.check:
-            if RESULTS_MD.read_text() != text:
-                print("bench/RESULTS.md is out of date: run python bench/results.py render", file=sys.stderr)
+            if not args.results_md.exists() or args.results_md.read_text() != text:
+                print(f"{args.results_md} is out of date: run python bench/results.py render", file=sys.stderr)
                 return 1
             return 0
-        RESULTS_MD.write_text(text)
-        print(f"wrote {RESULTS_MD.relative_to(HERE.parent)}")
+        args.results_md.write_text(text)
+        print(f"wrote {args.results_md}")
         return 0
     if args.command == "add":
-        return add(args.files, args.commit)
+        return add(args.files, args.commit, args.data)
     if args.command == "gather":
         return gather(args.directory)
     return record_from_stage(args.kind, args.file, args.out, args.stage_command)

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Run the GPU stages on a CUDA machine, logs and results under $OUT (default ./gpu_out).
-#   bash bench/run_gpu.sh tests bench steploop stress demo     (TESTS_K=expr: pytest -k for tests)
+# Run the GPU stages on a CUDA machine; logs and records under $OUT (default ./gpu_out).
+#   bash bench/run_gpu.sh tests benchmarks bench steploop stress demo sweep diagnostics
+#   (TESTS_K=expr: pytest -k for tests; ROUNDS, STEPS, STRESS_STEPS, SWEEP_ARGS: see each stage)
+# Every stage leaves its record(s) in $OUT/<kind>.runs.jsonl (bench/results.py); at the end they
+# are gathered into $OUT/runs.jsonl. Back on the development machine:
+#   python bench/results.py add <that runs.jsonl> && python bench/results.py render
+# Set CHUNKMETA_COMMIT to the commit being measured: a copied checkout's git metadata can lag.
 # Uses the machine's python3 (torch, triton, pytest, pytest-benchmark); fla-core comes from
 # .whl/ when present (a machine with no package index), else it must be installed.
 set -uo pipefail
@@ -8,8 +13,9 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/chunkmeta-site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/chunkmeta-site:${PYTHONPATH:-}
+  SITE=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 3
+  export PYTHONPATH=$SITE:${PYTHONPATH:-}
 fi
 # chunkmeta.integrations maps to integrations/: an editable install, or this checkout on the path
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
@@ -23,22 +29,45 @@ import chunkmeta.integrations.kda
 from chunkmeta.fill import cuda_fill
 print("NVRTC for the CUDA C fill:", cuda_fill.nvrtc_version())
 PY
+
+# A record from a stage's own output (pytest's log, the benchmark JSON, the demo's log).
+record() {  # KIND FILE COMMAND
+  python3 bench/results.py record "$1" "$2" --out "$OUT" --command "$3" || echo "no $1 record: see $2"
+}
+
 status=0
 for stage in "$@"; do
   echo "=== $stage ==="
   case $stage in
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 ${TESTS_K:+-k "$TESTS_K"} tests bench 2>&1 \
-        | tee "$OUT/gpu_tests.log" | tail -40 ;;
+        | tee "$OUT/gpu_tests.log" | tail -40
+      rc=${PIPESTATUS[0]}
+      record gpu_tests "$OUT/gpu_tests.log" "${TESTS_K:+TESTS_K=\"$TESTS_K\" }bash bench/run_gpu.sh tests" ;;
     benchmarks) python3 -m pytest -q -p no:cacheprovider bench/bench_build.py -m "not gpu or gpu" --benchmark-enable \
         --benchmark-columns=min,median,iqr,rounds --benchmark-json="$OUT/pytest_benchmark.json" 2>&1 \
-        | tee "$OUT/pytest_benchmark.log" | tail -40 ;;
-    bench) python3 bench/gpu_compare.py --out "$OUT" --rounds "${ROUNDS:-20}" 2>&1 | tee "$OUT/gpu_compare.log" ;;
-    steploop) python3 bench/step_loop.py --out "$OUT" --steps "${STEPS:-20}" 2>&1 | tee "$OUT/step_loop.log" ;;
-    stress) python3 bench/stress.py --out "$OUT" --steps "${STRESS_STEPS:-100000}" 2>&1 | tee "$OUT/stress.log" | tail -30 ;;
-    demo) python3 -m chunkmeta 2>&1 | tee "$OUT/demo.log" | tail -8 ;;
-    sweep) python3 bench/kernel_sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/kernel_sweep.log" ;;
-    *) echo "unknown stage $stage"; status=2 ;;
+        | tee "$OUT/pytest_benchmark.log" | tail -40
+      rc=${PIPESTATUS[0]}
+      record pytest_benchmark "$OUT/pytest_benchmark.json" "bash bench/run_gpu.sh benchmarks" ;;
+    bench) python3 bench/gpu_compare.py --out "$OUT" --rounds "${ROUNDS:-20}" 2>&1 | tee "$OUT/gpu_compare.log"
+      rc=${PIPESTATUS[0]} ;;
+    steploop) python3 bench/step_loop.py --out "$OUT" --steps "${STEPS:-20}" 2>&1 | tee "$OUT/step_loop.log"
+      rc=${PIPESTATUS[0]} ;;
+    stress) python3 bench/stress.py --out "$OUT" --steps "${STRESS_STEPS:-100000}" 2>&1 | tee "$OUT/stress.log" | tail -30
+      rc=${PIPESTATUS[0]} ;;
+    demo) python3 -m chunkmeta 2>&1 | tee "$OUT/demo.log" | tail -8
+      rc=${PIPESTATUS[0]}
+      record demo "$OUT/demo.log" "bash bench/run_gpu.sh demo" ;;
+    sweep) python3 bench/kernel_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/kernel_sweep.log"
+      rc=${PIPESTATUS[0]} ;;
+    diagnostics)  # the launch floor's drift: each in a fresh process (graph_floor needs one)
+      rc=0
+      for script in launch_floor graph_floor launch_paths; do
+        python3 "bench/$script.py" --out "$OUT" 2>&1 | tee "$OUT/$script.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
   esac
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  [ "$rc" = 0 ] || status=1
 done
+python3 bench/results.py gather "$OUT"
 exit $status

@@ -2,6 +2,8 @@
 
     python bench/step_loop.py --out DIR [--layers 8] [--steps 30] [--loads 1x128,8x4k]
 
+Prints the table below and writes its record (bench/results.py) to ``DIR/step_loop.runs.jsonl``.
+
 Per step, as an engine runs it: the scheduler writes the step's ``query_start_loc`` into a pinned
 host buffer and copies it to the device (non-blocking) into a static buffer; the metadata is
 made (method-specific); then ``--layers`` layers of [input projection GEMM, FLA KDA forward,
@@ -63,16 +65,15 @@ columns come from the CUDA-only pass.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 import traceback
 from functools import partial
-from pathlib import Path
 from statistics import median
 from typing import NamedTuple
 
+import results as runs  # bench/results.py: the record format
 import torch
 
 from chunkmeta import ChunkMetadataBuilder, GraphBuild
@@ -409,14 +410,10 @@ def main() -> int:
     args = parser.parse_args()
     loads = LOADS if args.loads == "all" else [l for l in LOADS if l[0] in args.loads.split(",")]
     rows = [run_load(name, n, t, args.layers, args.steps) for name, n, t in loads]
-    meta = {"device": torch.cuda.get_device_name(), "layers": args.layers, "steps": args.steps,
-            "profiled_steps": PROFILED_STEPS, "engine_capacity": [ENGINE_MAX_SEQS, ENGINE_MAX_TOKENS],
-            "torch": torch.__version__, "fla": kda.fla_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "command": " ".join(sys.argv)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "step_loop.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(format_table(rows, meta))
+    figures = {"layers": args.layers, "steps": args.steps, "profiled_steps": PROFILED_STEPS,
+               "engine_capacity": [ENGINE_MAX_SEQS, ENGINE_MAX_TOKENS], "rows": rows}
+    record = runs.save("step_loop", figures, script="bench/step_loop.py", argv=sys.argv[1:], out=args.out)
+    print(format_table(rows, dict(figures, device=record["device"].get("gpu"), date=record["date"])))
     return 0 if all(r["bit_identical"] for r in rows) else 1
 
 

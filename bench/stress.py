@@ -9,7 +9,8 @@ is computed on the host and sent to the device with a non-blocking copy from a r
 buffers; the device compares it with the step's tables and adds mismatching entries to a
 counter on the device. The host reads the counter once at the end (and synchronizes only when it
 wraps around the ring of pinned buffers, every ``--ring`` steps, never per step). Reports steps,
-mismatches, steps/s and the CUDA allocator's memory at the start and the end.
+mismatches, steps/s and the CUDA allocator's memory at the start and the end, and writes them as
+its record (bench/results.py) to ``DIR/stress.runs.jsonl``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+import results as runs  # bench/results.py: the record format
 import torch
 
 from chunkmeta import ChunkMetadataBuilder, GraphBuild, reference
@@ -122,18 +123,17 @@ def main(argv=None) -> int:
 
     total = int(mismatches)  # the one read of the device counter
     elapsed = time.perf_counter() - start
-    result = {
-        "device": torch.cuda.get_device_name() if on_cuda else "cpu", "steps": args.steps, "mismatches": total, "kinds": kinds,
+    figures = {
+        "steps": args.steps, "mismatches": total, "kinds": kinds,
         "seconds": round(elapsed, 1), "steps_per_s": round(args.steps / elapsed),
         "memory_allocated_start_bytes": memory_start, "memory_allocated_end_bytes": memory(),
-        "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0, "graph_staging_waits":
-            {pad: g.staging_waits for pad, g in graphs.items()}, "command": " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0,
+        "graph_staging_waits": {pad: g.staging_waits for pad, g in graphs.items()},
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stress.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    record = runs.save("stress", figures, script="bench/stress.py", argv=sys.argv[1:] if argv is None else argv,
+                       out=args.out)
+    print(json.dumps({"device": record["device"].get("gpu"), **figures, "command": record["command"],
+                      "date": record["date"]}, indent=1))
     return 0 if total == 0 else 1
 
 

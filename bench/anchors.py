@@ -1,4 +1,4 @@
-"""The methods chunkmeta is measured against (../shared/ANCHORS.md §1), each a callable
+"""The methods chunkmeta is measured against (docs/gpu.md says why these), each a callable
 ``method(cu_seqlens, cu_seqlens_cpu) -> (chunk_indices, chunk_offsets)`` on one step's rebased
 prefill ``cu_seqlens`` (device) and its host copy.
 

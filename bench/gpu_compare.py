@@ -30,8 +30,9 @@ import anchors  # noqa: E402
 import results as runs  # noqa: E402  (bench/results.py: the record format)
 
 import chunkmeta  # noqa: E402
-from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference  # noqa: E402
+from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, plan, reference  # noqa: E402
 from chunkmeta.fill import cuda_fill  # noqa: E402
+from chunkmeta.fill.triton_fill import TritonFill  # noqa: E402
 from chunkmeta.integrations import kda  # noqa: E402
 from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile  # noqa: E402
 from chunkmeta.workloads import workload  # noqa: E402
@@ -156,34 +157,48 @@ def engine_steps(case: Case, count: int) -> list[tuple[torch.Tensor, torch.Tenso
     return steps
 
 
+def triton_launcher(builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, num_seqs: int, num_chunks: int):
+    """A call of Triton's own launcher alone on the builder's exact-layout kernel (a TritonFill made
+    as the builder makes it), writing ring slot 0; None without a direct launcher (then launch()
+    launches nothing: timing it would read ~0 µs)."""
+    fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=builder.capacity.seqs, padded=False,
+                      params_on_device=False)
+    params = torch.zeros(2, dtype=torch.int32, device=builder.device)  # read only by graph-mode fills
+    cu, indices, offsets, _ = builder.ring.views(0, num_seqs, num_chunks)
+    fill(query_start_loc, params, cu, indices, offsets, 0, num_seqs, num_chunks, num_seqs)  # compiles it
+    cu_ptr, indices_ptr, offsets_ptr, _ = builder.ring.pointers(0)
+    args = (query_start_loc.dtype, query_start_loc.data_ptr(), params.data_ptr(), cu_ptr, indices_ptr, offsets_ptr,
+            0, num_seqs, num_chunks, num_seqs, 0)
+    return (lambda: fill.launch(*args)) if fill.launch(*args) else None
+
+
 def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
-    """Where chunkmeta's build host time goes (medians of per-call times, µs)."""
+    """Where chunkmeta's build host time goes (medians of per-call times, µs), each part timed
+    through public APIs: the build, the C build alone (``builder.c_build``, the call ``build()``
+    makes once a layout's kernel is known), Triton's own launcher on the same kernel, the host
+    plan (``builder.plan``), the ``ChunkMetadata`` constructor and an empty call."""
     b = case.builder
     b.build(case.qsl, case.qsl_cpu)  # the C build's constants exist after a first build
     steps = engine_steps(case, reps + 101)  # no batch is seen twice
     turn = iter(range(1 << 62))
-    fill = b._fill_for(False)
-    native_fill = b._native_fills.get((None, case.qsl.dtype))
-    cu_ptr, idx_ptr, off_ptr = b._slot_ptrs[0]
     n = case.ref.num_seqs
     nt = case.ref.num_chunks
-    qsl_ptr = case.qsl.data_ptr()
-    host = b._last_cpu_address
-    stream = torch.cuda.current_stream().cuda_stream
+    host = case.qsl_cpu.numpy()
+    host_address = plan.host_address(host)
+    c_build = b.c_build if b.c_build is not None and b.c_build.has_layout(None, case.qsl.dtype) else None
+    cu, indices, offsets, _ = b.ring.views(0, n, nt)
     parts = {
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
         "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
         "build, engine pattern (new N-sequence batch each call, as fresh views)": (
             lambda: b.build(*steps[next(turn) % len(steps)])),
-        "C build (plan + ChunkMetadata + launch + host copy)": (
-            (lambda: b._native.build(native_fill, host, n + 1, False, 0, None, qsl_ptr, 0, stream, 1, b,
-                                     b._seq_views, b._row_views, b._cached_views))
-            if native_fill else None),
-        "Triton launcher alone": lambda: fill.launch(case.qsl.dtype, qsl_ptr, 0, cu_ptr, idx_ptr, off_ptr, 0, n, nt,
-                                                     n, 0),
-        "Python plan alone": lambda: b._plan(0, None),
+        "C build via builder.c_build (plan + ChunkMetadata + launch + host copy + ring slot)": (
+            (lambda: c_build.build(None, case.qsl, host_address, n + 1, False, 0, None)) if c_build else None),
+        "Triton launcher alone": triton_launcher(b, case.qsl, n, nt),
+        "host plan via builder.plan": lambda: b.plan(host),
         "ChunkMetadata(...), general path only": lambda: chunkmeta.ChunkMetadata(
-            case.qsl, case.qsl_cpu, case.qsl, case.qsl, 64, n, 1, nt, 1, False, 1, b, 0),
+            cu_seqlens=cu, cu_seqlens_cpu=case.qsl_cpu, chunk_indices=indices, chunk_offsets=offsets, chunk_size=64,
+            num_seqs=n, num_tokens=1, num_chunks=nt, max_seqlen=1, padding=None, generation=1, lease=b.ring, slot=0),
         "empty python call": lambda: None,
     }
     out = {}

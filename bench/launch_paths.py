@@ -12,6 +12,7 @@ import sys
 
 import results as runs  # bench/results.py: the record format
 import torch
+from gpu_compare import triton_launcher
 
 from chunkmeta import ChunkMetadataBuilder
 from chunkmeta.timing import device_us_per_call
@@ -42,14 +43,10 @@ def main(argv: list[str]) -> int:
             b.build(qsl, qsl_cpu)
             for calls in (100, 200):
                 row.append((f"build ring={ring} calls={calls}", us(lambda: b.build(qsl, qsl_cpu), calls)))
-            fill = b._fills.get(False)
-            if ring == 1 and fill is not None:
-                cu, indices, offsets = b._slot_ptrs[0]
-                args = (qsl.dtype, qsl.data_ptr(), b._params_ptr, cu, indices, offsets, 0, num_seqs, md.num_chunks,
-                        num_seqs, 0)
-                # False (nothing launched) without a direct launcher: timing it would read ~0 µs
-                assert fill.launch(*args), "no direct launcher (CHUNKMETA_FAST_LAUNCH=0 or a launch hook)"
-                row.append(("TritonFill.launch slot 0 calls=200", us(lambda: fill.launch(*args), 200)))
+            if ring == 1:
+                launch = triton_launcher(b, qsl, num_seqs, md.num_chunks)
+                assert launch is not None, "no direct launcher (CHUNKMETA_FAST_LAUNCH=0 or a launch hook)"
+                row.append(("TritonFill.launch slot 0 calls=200", us(launch, 200)))
         key = f"{num_seqs}x{num_tokens // 1024}k"
         figures["workloads"][key] = {"capacity": cap_seqs, "paths": dict(row)}
         print(f"{key} cap={cap_seqs}: " + "  ".join(f"{k}: {v:.2f}" for k, v in row))

@@ -327,9 +327,11 @@ BREAKDOWN = {  # host_breakdown part -> column name (older records lack some par
     "build": "build()",
     "build, fresh views": "build(), fresh views",
     "build, engine pattern (new N-sequence batch each call, as fresh views)": "build(), engine pattern",
-    "C build (plan + ChunkMetadata + launch + host copy)": "C build alone",
+    "C build (plan + ChunkMetadata + launch + host copy)": "C build alone (private call)",
+    "C build via builder.c_build (plan + ChunkMetadata + launch + host copy + ring slot)": "builder.c_build.build",
     "Triton launcher alone": "Triton launcher alone",
-    "Python plan alone": "host plan alone",
+    "Python plan alone": "host plan alone (private call)",
+    "host plan via builder.plan": "builder.plan",
     "ChunkMetadata(...), general path only": "ChunkMetadata(...) alone",
     "empty python call": "empty Python call",
 }

@@ -327,10 +327,10 @@ BREAKDOWN = {  # host_breakdown part -> column name (older records lack some par
     "build": "build()",
     "build, fresh views": "build(), fresh views",
     "build, engine pattern (new N-sequence batch each call, as fresh views)": "build(), engine pattern",
-    "C build (plan + ChunkMetadata + launch + host copy)": "C build alone (private call)",
+    "C build (plan + ChunkMetadata + launch + host copy)": "C build alone",
     "C build via builder.c_build (plan + ChunkMetadata + launch + host copy + ring slot)": "builder.c_build.build",
     "Triton launcher alone": "Triton launcher alone",
-    "Python plan alone": "host plan alone (private call)",
+    "Python plan alone": "host plan alone",
     "host plan via builder.plan": "builder.plan",
     "ChunkMetadata(...), general path only": "ChunkMetadata(...) alone",
     "empty python call": "empty Python call",
@@ -426,13 +426,14 @@ def _render_gpu_compare(records: list[dict]) -> list[str]:
             "chunkmeta's build and its parts alone (gpu_compare's host breakdown: medians of 2,000 single "
             "calls, µs; the workloads up to 1024 sequences, then `;` the larger one). What each part is: "
             "docs/gpu.md.", ""]
+    measured = [r for r in runs if r["figures"].get("host_breakdown")]
+    names = [n for n in BREAKDOWN if any(n in p for r in measured for p in r["figures"]["host_breakdown"].values())]
     rows = []
-    for r in runs:
-        parts = r["figures"].get("host_breakdown", {})
-        if parts:
-            rows.append([_cite(r)] + [_split(r, {k: p[name] for k, p in parts.items() if name in p}, 2)
-                                      if any(name in p for p in parts.values()) else "n/a" for name in BREAKDOWN])
-    out += _table(["record", *BREAKDOWN.values()], rows)
+    for r in measured:
+        parts = r["figures"]["host_breakdown"]
+        rows.append([_cite(r)] + [_split(r, {k: p[name] for k, p in parts.items() if name in p}, 2)
+                                  if any(name in p for p in parts.values()) else "n/a" for name in names])
+    out += _table(["record", *(BREAKDOWN[n] for n in names)], rows)
     return out
 
 

@@ -10,6 +10,7 @@ used: that lets a CPU process set ``TRITON_INTERPRET=1`` as late as its first tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -254,16 +255,22 @@ class TritonFill:
     def __call__(self, query_start_loc: torch.Tensor, params: torch.Tensor, cu_seqlens: torch.Tensor,
                  chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, first_seq: int, num_seqs: int,
                  num_rows: int, seqs_out: int, pad_seq: int = 0) -> None:
-        """Launch through the JIT with tensors (works everywhere, including the interpreter)."""
+        """Launch through the JIT with tensors (works everywhere, including the interpreter), on
+        the current stream of the tensors' device whichever device is current."""
         if self.launch(query_start_loc.dtype, query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
                        chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
                        seqs_out, pad_seq):
             return
         grid = (-(-num_rows // self.block_rows) or 1,)
-        kernel = chunk_metadata_kernel[grid](
-            query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
-            seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
-        )
+        # Triton launches on the current device: with another one current (a runner's helper
+        # thread, a tensor-parallel process touching a peer) the kernel would run in the wrong
+        # context, on pointers of another device.
+        device = query_start_loc.device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            kernel = chunk_metadata_kernel[grid](
+                query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
+                seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
+            )
         dtype = query_start_loc.dtype
         if dtype not in self._kernels and query_start_loc.is_cuda and _fast_launch_enabled():
             self._kernels[dtype] = kernel

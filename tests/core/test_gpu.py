@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, reference
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, layout, reference
 from chunkmeta.fill.cuda_fill import CudaFill
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
 from checks import assert_exact, assert_padded, no_sync
@@ -113,7 +113,6 @@ def test_one_launch_and_no_copies_per_build():
     kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
     assert len(kernels) == 1 and "chunk_metadata_" in kernels[0], kernels
     assert copies == [], copies
-    assert builder._native_fills.get((None, torch.int32)), "the C build (chunkmeta.native) is not in use"
     # the C build launches the CUDA C fill wherever NVRTC can compile it
     expected = "cuda" if cuda_fill_available() else "triton"
     assert builder.native_kernel.get((None, torch.int32)) == expected
@@ -129,7 +128,7 @@ def test_one_launch_and_no_copies_per_build():
     assert kernels == [] and copies == []
 
 
-@pytest.mark.parametrize("pad", ["tail", "negative"])
+@pytest.mark.parametrize("pad", layout.PADS)
 def test_graph_capture_once_replay_1000_batches(pad):
     builder = ChunkMetadataBuilder(64, 32768, device="cuda")
     static_qsl = torch.zeros(129, dtype=torch.int32, device="cuda")
@@ -151,11 +150,11 @@ def test_graph_capture_once_replay_1000_batches(pad):
             history_off[k].copy_(md.chunk_offsets)
             history_cu[k].copy_(md.cu_seqlens)
             counts.append((md.num_seqs, md.num_tokens, md.num_chunks))
-    pad_seq = -1 if pad == "negative" else 64
+    pad_seq, pad_chunk = layout.padding_row(pad, 64)
     idx, off, cu = history_idx.cpu(), history_off.cpu(), history_cu.cpu()
     for k, b in enumerate(batches):
         ref = reference.padded_chunk_metadata(b.query_start_loc, 64, graph.padded_num_seqs, rows, pad_seq,
-                                              b.first_seq, b.num_seqs)
+                                              b.first_seq, b.num_seqs, pad_chunk)
         assert [tuple(r) for r in idx[k].tolist()] == ref.chunk_indices, k
         assert off[k].tolist() == ref.chunk_offsets and cu[k].tolist() == ref.cu_seqlens, k
         assert counts[k] == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
@@ -216,10 +215,32 @@ def test_padded_eager_layout_on_cuda():
     builder = ChunkMetadataBuilder(64, 32768, device="cuda")
     for b in random_batches(50, 64, 32768, seed=4):
         inputs = cuda_inputs(b)
-        for pad, pad_seq in (("tail", 64), ("negative", -1)):
+        for pad in layout.PADS:
             with no_sync():
                 md = builder.build_padded(*inputs, first_seq=b.first_seq, num_seqs=b.num_seqs, pad=pad)
-            assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, pad_seq)
+            assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
+                          *layout.padding_row(pad, 64))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bounded_layout_on_cuda_does_not_sync(backend):
+    """No host lengths: rows from a host bound, NT found on the device, one launch, no sync."""
+    builder = ChunkMetadataBuilder(64, 32768, device="cuda", backend=backend)
+    rng = np.random.default_rng(6)
+    # the whole batch is the slice (SGLang's EXTEND/MIXED rows): decodes, padding rows, prompts
+    batches = [from_lengths(np.diff(b.query_start_loc).tolist()) for b in random_batches(300, 64, 30000, seed=6)]
+    for k, b in enumerate(batches):
+        qsl = torch.tensor(b.query_start_loc, dtype=torch.int32).cuda()
+        bound = b.num_tokens + int(rng.integers(0, 2000))
+        pad = layout.BOUNDED_PADS[k % 2]
+        with no_sync():
+            md = builder.build_bounded(qsl, max_num_tokens=bound, pad=pad)
+        rows = layout.chunk_row_bound(b.num_seqs, bound, 64)
+        assert md.bounded and md.chunk_indices.shape[0] == rows
+        assert_padded(md, b, 64, b.num_seqs, rows, *layout.padding_row(pad, b.num_seqs))
+    if backend == "triton":
+        kernels, copies = _cuda_activity(lambda: builder.build_bounded(qsl, max_num_tokens=bound))
+        assert len(kernels) == 1 and copies == [], (kernels, copies)
 
 
 def cuda_fill_available() -> bool:
@@ -252,7 +273,7 @@ def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
     batches += random_batches(200, seqs, tokens, seed=seqs)
     batches = [b for b in batches if b.query_start_loc[b.first_seq + b.num_seqs] - b.query_start_loc[b.first_seq]
                <= tokens]
-    for pad in (None, "tail", "negative"):
+    for pad in (None, *layout.PADS):
         for b in batches:
             inputs = cuda_inputs(b)
             kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
@@ -262,7 +283,7 @@ def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
                 assert_exact(md, b, 64)
             else:
                 assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
-                              -1 if pad == "negative" else seqs)
+                              *layout.padding_row(pad, seqs))
         assert builder.native_kernel.get((pad, torch.int32)) == c_build_kernel, "the C build did not launch it"
 
 
@@ -274,7 +295,7 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
     device and checked against the reference at the end."""
     builder = ChunkMetadataBuilder(64, 32768, device="cuda")
     batches = random_batches(600, 64, 32768, seed=31)
-    layouts = [None, "tail", "negative"]
+    layouts = [None, *layout.PADS]
     buffers = {dtype: (torch.zeros(130, dtype=dtype, pin_memory=True), torch.zeros(130, dtype=dtype, device="cuda"))
                for dtype in (torch.int32, torch.int64)}
     for dtype, (pinned, device) in buffers.items():  # compile every (layout, dtype) outside the check
@@ -284,12 +305,11 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
             device.copy_(pinned)
             args = (device[: len(b.query_start_loc)], pinned[: len(b.query_start_loc)])
             builder.build(*args) if pad is None else builder.build_padded(*args, pad=pad)
-    assert all(builder._native_fills.get((pad, dtype)) for pad in layouts for dtype in buffers)
     assert all(builder.native_kernel.get((pad, dtype)) == c_build_kernel for pad in layouts for dtype in buffers)
     kept = []
     for k, b in enumerate(batches):
         dtype = (torch.int32, torch.int64)[k % 2]
-        pad = layouts[k % 3]
+        pad = layouts[k % len(layouts)]
         pinned, device = buffers[dtype]
         r1 = len(b.query_start_loc)
         # no_sync() begins with a device-wide wait: the engine's end-of-step wait, after which the
@@ -305,13 +325,13 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
     # every launch succeeded (a failed one turns the layout's C build off)
     assert all(builder.native_kernel.get((pad, dtype)) == c_build_kernel for pad in layouts for dtype in buffers)
     for k, (b, (cu, indices, offsets, cu_cpu, counts)) in enumerate(zip(batches, kept)):
-        pad = layouts[k % 3]
+        pad = layouts[k % len(layouts)]
         if pad is None:
             ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
         else:
+            pad_seq, pad_chunk = layout.padding_row(pad, 64)
             ref = reference.padded_chunk_metadata(b.query_start_loc, 64, builder.padded_num_seqs[pad],
-                                                  builder.capacity.rows, -1 if pad == "negative" else 64,
-                                                  b.first_seq, b.num_seqs)
+                                                  builder.capacity.rows, pad_seq, b.first_seq, b.num_seqs, pad_chunk)
         assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices, k
         assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens, k
         assert cu_cpu.tolist() == ref.cu_seqlens, k

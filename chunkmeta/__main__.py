@@ -1,6 +1,7 @@
 """``python -m chunkmeta``: replay a scheduler trace, check every step, print timings.
 
-Exits 1 if any step's metadata differs from the reference.
+Exits 1 if any step's metadata differs from the reference, 2 on bad input (a malformed trace, a
+bad argument) with ``error: ...`` on stderr and no traceback.
 """
 
 from __future__ import annotations
@@ -10,13 +11,23 @@ import os
 import sys
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an int") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chunkmeta", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", help="JSON Lines trace (default: the embedded decode-first engine trace)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "torch"])
     parser.add_argument("--chunk-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="timed builds per step (median reported)")
+    parser.add_argument("--repeats", type=_positive_int, default=5, help="timed builds per step (median reported)")
     parser.add_argument("--no-fla", action="store_true", help="skip the comparison with fla-core")
     args = parser.parse_args(argv)
 
@@ -33,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         steps = load_trace(args.trace)
-        results = replay(steps, device=device, backend=args.backend, chunk_size=args.chunk_size,
-                         repeats=args.repeats, compare_fla=not args.no_fla)
+        run = replay(steps, device=device, backend=args.backend, chunk_size=args.chunk_size,
+                     repeats=args.repeats, compare_fla=not args.no_fla)
     except ChunkMetaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(report(results, device=device, backend=args.backend, fla_skipped=args.no_fla))
-    return 0 if all(r.matched for r in results) else 1
+    print(report(run, device=device, backend=args.backend, fla_skipped=args.no_fla))
+    return 0 if all(r.matched for r in run.steps) else 1
 
 
 if __name__ == "__main__":

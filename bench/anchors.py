@@ -43,8 +43,10 @@ def fla_host(chunk_size: int):
     from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets
 
     def run(cu_seqlens, cu_seqlens_cpu):
-        return (prepare_chunk_indices(cu_seqlens, chunk_size, cu_seqlens_cpu=cu_seqlens_cpu),
-                prepare_chunk_offsets(cu_seqlens, chunk_size))
+        return (
+            prepare_chunk_indices(cu_seqlens, chunk_size, cu_seqlens_cpu=cu_seqlens_cpu),
+            prepare_chunk_offsets(cu_seqlens, chunk_size),
+        )
 
     return run
 
@@ -77,8 +79,9 @@ def trt_style(chunk_size: int):
 
 
 @triton.jit
-def _per_sequence_kernel(cu_seqlens, chunk_indices, chunk_offsets, num_seqs, CHUNK_SIZE: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _per_sequence_kernel(
+    cu_seqlens, chunk_indices, chunk_offsets, num_seqs, CHUNK_SIZE: tl.constexpr, BLOCK: tl.constexpr
+):
     # program i: its first row = sum of cdiv(len_j, C) over j < i (each program rescans: O(N^2)),
     # then its own rows, BLOCK at a time.
     i = tl.program_id(0)

@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import anchors  # noqa: E402
-import results as runs  # noqa: E402  (bench/results.py: the record format)
+import anchors
+import results as runs  # bench/results.py: the record format
 
-import chunkmeta  # noqa: E402
-from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, plan, reference  # noqa: E402
-from chunkmeta.fill import cuda_fill  # noqa: E402
-from chunkmeta.fill.triton_fill import TritonFill  # noqa: E402
-from chunkmeta.integrations import kda  # noqa: E402
-from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile  # noqa: E402
-from chunkmeta.workloads import workload  # noqa: E402
+import chunkmeta
+from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, plan, reference
+from chunkmeta.fill import cuda_fill
+from chunkmeta.fill.triton_fill import TritonFill
+from chunkmeta.integrations import kda
+from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile
+from chunkmeta.workloads import workload
 
 WORKLOADS = [(1, 4096), (8, 4096), (128, 4096), (128, 32768), (1024, 65536), (1, 196608), (4096, 1048576)]
 CHUNKMETA = ["chunkmeta", "chunkmeta_graph", "chunkmeta_oneshot"]
@@ -89,7 +89,7 @@ class Case:
         }
         for name, make in anchors.ANCHORS.items():
             fn = make(chunk_size)
-            self.methods[name] = (lambda fn=fn: fn(self._fresh_cu(), self.cu_cpu))
+            self.methods[name] = lambda fn=fn: fn(self._fresh_cu(), self.cu_cpu)
 
     def _fresh_cu(self):
         self.turn = (self.turn + 1) % len(self.cu_pool)
@@ -103,22 +103,31 @@ class Case:
             indices, offsets, cu = out.chunk_indices, out.chunk_offsets, out.cu_seqlens
             if out.padded:
                 rows = [tuple(r) for r in indices.cpu().tolist()]
-                pad = rows[ref.num_chunks:]
+                pad = rows[ref.num_chunks :]
                 cu_l = cu.cpu().tolist()
-                return (rows[: ref.num_chunks] == ref.chunk_indices
-                        and all(cu_l[s] == cu_l[s + 1] and t == 0 for s, t in pad)
-                        and offsets.cpu().tolist()[: ref.num_seqs + 1] == ref.chunk_offsets
-                        and cu_l[: ref.num_seqs + 1] == ref.cu_seqlens)
+                return (
+                    rows[: ref.num_chunks] == ref.chunk_indices
+                    and all(cu_l[s] == cu_l[s + 1] and t == 0 for s, t in pad)
+                    and offsets.cpu().tolist()[: ref.num_seqs + 1] == ref.chunk_offsets
+                    and cu_l[: ref.num_seqs + 1] == ref.cu_seqlens
+                )
             if cu.cpu().tolist() != ref.cu_seqlens:
                 return False
         else:
             indices, offsets = out
         rows = [tuple(r) for r in indices.cpu().tolist()]
         if name == "fla_static":  # capacity-shaped: real rows, then (-1, 0)
-            return rows[: ref.num_chunks] == ref.chunk_indices and all(r == (-1, 0) for r in rows[ref.num_chunks:]) \
+            return (
+                rows[: ref.num_chunks] == ref.chunk_indices
+                and all(r == (-1, 0) for r in rows[ref.num_chunks :])
                 and offsets.cpu().tolist() == ref.chunk_offsets
-        return rows == ref.chunk_indices and offsets.cpu().tolist() == ref.chunk_offsets \
-            and indices.dtype == torch.int32 and offsets.dtype == torch.int64
+            )
+        return (
+            rows == ref.chunk_indices
+            and offsets.cpu().tolist() == ref.chunk_offsets
+            and indices.dtype == torch.int32
+            and offsets.dtype == torch.int64
+        )
 
 
 def host_idle(fn, calls: int) -> list[float]:
@@ -161,14 +170,26 @@ def triton_launcher(builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor
     """A call of Triton's own launcher alone on the builder's exact-layout kernel (a TritonFill made
     as the builder makes it), writing ring slot 0; None without a direct launcher (then launch()
     launches nothing: timing it would read ~0 µs)."""
-    fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=builder.capacity.seqs, padded=False,
-                      params_on_device=False)
+    fill = TritonFill(
+        chunk_size=builder.chunk_size, block_seqs=builder.capacity.seqs, padded=False, params_on_device=False
+    )
     params = torch.zeros(2, dtype=torch.int32, device=builder.device)  # read only by graph-mode fills
     cu, indices, offsets, _ = builder.ring.views(0, num_seqs, num_chunks)
     fill(query_start_loc, params, cu, indices, offsets, 0, num_seqs, num_chunks, num_seqs)  # compiles it
     cu_ptr, indices_ptr, offsets_ptr, _ = builder.ring.pointers(0)
-    args = (query_start_loc.dtype, query_start_loc.data_ptr(), params.data_ptr(), cu_ptr, indices_ptr, offsets_ptr,
-            0, num_seqs, num_chunks, num_seqs, 0)
+    args = (
+        query_start_loc.dtype,
+        query_start_loc.data_ptr(),
+        params.data_ptr(),
+        cu_ptr,
+        indices_ptr,
+        offsets_ptr,
+        0,
+        num_seqs,
+        num_chunks,
+        num_seqs,
+        0,
+    )
     return (lambda: fill.launch(*args)) if fill.launch(*args) else None
 
 
@@ -191,14 +212,28 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
         "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
         "build, engine pattern (new N-sequence batch each call, as fresh views)": (
-            lambda: b.build(*steps[next(turn) % len(steps)])),
+            lambda: b.build(*steps[next(turn) % len(steps)])
+        ),
         "C build via builder.c_build (plan + ChunkMetadata + launch + host copy + ring slot)": (
-            (lambda: c_build.build(None, case.qsl, host_address, n + 1, False, 0, None)) if c_build else None),
+            (lambda: c_build.build(None, case.qsl, host_address, n + 1, False, 0, None)) if c_build else None
+        ),
         "Triton launcher alone": triton_launcher(b, case.qsl, n, nt),
         "host plan via builder.plan": lambda: b.plan(host),
         "ChunkMetadata(...), general path only": lambda: chunkmeta.ChunkMetadata(
-            cu_seqlens=cu, cu_seqlens_cpu=case.qsl_cpu, chunk_indices=indices, chunk_offsets=offsets, chunk_size=64,
-            num_seqs=n, num_tokens=1, num_chunks=nt, max_seqlen=1, padding=None, generation=1, lease=b.ring, slot=0),
+            cu_seqlens=cu,
+            cu_seqlens_cpu=case.qsl_cpu,
+            chunk_indices=indices,
+            chunk_offsets=offsets,
+            chunk_size=64,
+            num_seqs=n,
+            num_tokens=1,
+            num_chunks=nt,
+            max_seqlen=1,
+            padding=None,
+            generation=1,
+            lease=b.ring,
+            slot=0,
+        ),
         "empty python call": lambda: None,
     }
     out = {}
@@ -243,7 +278,7 @@ def main() -> int:
         idle = {name: [] for name in names}
         busy = {name: [] for name in names}
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]  # rotate: no method always first
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no method always first
             for name in order:
                 idle[name] += host_idle(case.methods[name], 5)
                 torch.cuda.synchronize()
@@ -257,39 +292,62 @@ def main() -> int:
         torch.cuda.synchronize()
         results[case.key] = {
             name: {
-                "host_idle_p50": median(idle[name]), "host_idle_p99": percentile(idle[name], 99),
-                "host_busy_p50": median(busy[name]), "host_busy_p99": percentile(busy[name], 99),
-                "device_us": device[name], "matched": matched[name],
+                "host_idle_p50": median(idle[name]),
+                "host_idle_p99": percentile(idle[name], 99),
+                "host_busy_p50": median(busy[name]),
+                "host_busy_p99": percentile(busy[name], 99),
+                "device_us": device[name],
+                "matched": matched[name],
                 "host_bound_device": name in SYNCING,
             }
             for name in names
         }
-        results[case.key]["_workload"] = {"num_seqs": num_seqs, "num_tokens": num_tokens,
-                                          "num_chunks": case.ref.num_chunks,
-                                          "capacity": capacity_for(num_seqs, num_tokens),
-                                          "c_build_kernel": case.builder.native_kernel.get((None, torch.int32))}
+        results[case.key]["_workload"] = {
+            "num_seqs": num_seqs,
+            "num_tokens": num_tokens,
+            "num_chunks": case.ref.num_chunks,
+            "capacity": capacity_for(num_seqs, num_tokens),
+            "c_build_kernel": case.builder.native_kernel.get((None, torch.int32)),
+        }
         breakdowns[case.key] = host_breakdown(case)
         del case
         torch.cuda.empty_cache()
 
-    figures = {"chunk_size": args.chunk_size, "rounds": args.rounds, "graphs_captured_first": len(warm_graphs),
-               "results": results, "host_breakdown": breakdowns}
+    figures = {
+        "chunk_size": args.chunk_size,
+        "rounds": args.rounds,
+        "graphs_captured_first": len(warm_graphs),
+        "results": results,
+        "host_breakdown": breakdowns,
+    }
     record = runs.save("gpu_compare", figures, script="bench/gpu_compare.py", argv=sys.argv[1:], out=args.out)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "fla": kda.fla_version() or "not installed",
-            "nvrtc": cuda_fill.nvrtc_version(), "date": record["date"], **figures}
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "fla": kda.fla_version() or "not installed",
+        "nvrtc": cuda_fill.nvrtc_version(),
+        "date": record["date"],
+        **figures,
+    }
     print(format_table(results, meta))
     print(format_breakdown(breakdowns))
     _plot(results, out_dir / "latency.png")
-    return 0 if all(m["matched"] is not False for w in results.values() for k, m in w.items() if k != "_workload") else 1
+    return (
+        0 if all(m["matched"] is not False for w in results.values() for k, m in w.items() if k != "_workload") else 1
+    )
 
 
 def format_table(results: dict, meta: dict) -> str:
-    lines = [f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  fla-core {meta['fla']}  "
-             f"C={meta['chunk_size']}  rounds={meta['rounds']}  {meta['date']}  NVRTC {meta['nvrtc']}  "
-             f"graphs captured first: {meta['graphs_captured_first']}",
-             "", "| workload | method | host idle p50 (p99) µs | host busy p50 (p99) µs | device µs | "
-             "x chunkmeta (idle / busy / device) | match |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  fla-core {meta['fla']}  "
+        f"C={meta['chunk_size']}  rounds={meta['rounds']}  {meta['date']}  NVRTC {meta['nvrtc']}  "
+        f"graphs captured first: {meta['graphs_captured_first']}",
+        "",
+        "| workload | method | host idle p50 (p99) µs | host busy p50 (p99) µs | device µs | "
+        "x chunkmeta (idle / busy / device) | match |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for key, methods in results.items():
         base = methods["chunkmeta"]
         kernel = methods["_workload"].get("c_build_kernel")
@@ -298,8 +356,10 @@ def format_table(results: dict, meta: dict) -> str:
                 continue
             label = f"{name} [{kernel} kernel]" if name == "chunkmeta" and kernel else name
             device = f"{m['device_us']:.2f}" + (" (host-bound)" if m["host_bound_device"] else "")
-            ratio = (f"{m['host_idle_p50'] / base['host_idle_p50']:.1f} / {m['host_busy_p50'] / base['host_busy_p50']:.1f}"
-                     f" / {m['device_us'] / base['device_us']:.1f}")
+            ratio = (
+                f"{m['host_idle_p50'] / base['host_idle_p50']:.1f} / {m['host_busy_p50'] / base['host_busy_p50']:.1f}"
+                f" / {m['device_us'] / base['device_us']:.1f}"
+            )
             lines.append(
                 f"| {key} | {label} | {m['host_idle_p50']:.1f} ({m['host_idle_p99']:.1f}) | "
                 f"{m['host_busy_p50']:.1f} ({m['host_busy_p99']:.1f}) | {device} | {ratio} | "
@@ -327,11 +387,16 @@ def _plot(results: dict, path: Path) -> None:
     keys = list(results)
     names = [n for n in results[keys[0]] if n != "_workload"]
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
-    for ax, metric, title in zip(axes, ["host_idle_p50", "host_busy_p50", "device_us"],
-                                 ["host µs, queue idle (p50)", "host µs, queue busy (p50)", "device µs per build"]):
+    titles = ["host µs, queue idle (p50)", "host µs, queue busy (p50)", "device µs per build"]
+    for ax, metric, title in zip(axes, ["host_idle_p50", "host_busy_p50", "device_us"], titles, strict=True):
         for name in names:
-            ax.plot(range(len(keys)), [results[k][name][metric] for k in keys], marker="o", label=name,
-                    linewidth=2.5 if name == "chunkmeta" else 1)
+            ax.plot(
+                range(len(keys)),
+                [results[k][name][metric] for k in keys],
+                marker="o",
+                label=name,
+                linewidth=2.5 if name == "chunkmeta" else 1,
+            )
         ax.set_xticks(range(len(keys)), keys, rotation=30)
         ax.set_yscale("log")
         ax.set_title(title)

@@ -49,22 +49,48 @@ def rows_exact(launch, indices, nt, ref) -> bool:
 def time_fill(fill, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     """(device µs per launch, exact?) for one configuration; ref None skips the check."""
     ok = rows_exact(lambda: fill(qsl, params, cu, indices, offsets, 0, num_seqs, nt, num_seqs), indices, nt, ref)
-    args = (qsl.dtype, qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
-            0, num_seqs, nt, num_seqs, 0)
+    args = (
+        qsl.dtype,
+        qsl.data_ptr(),
+        params.data_ptr(),
+        cu.data_ptr(),
+        indices.data_ptr(),
+        offsets.data_ptr(),
+        0,
+        num_seqs,
+        nt,
+        num_seqs,
+        0,
+    )
     return device_us_per_call(lambda: fill.launch(*args), calls=200, repeats=5), ok
 
 
 def no_search_us(fill, tensors) -> float:
     """Where the time goes: the same launch without its row search (its rows are wrong)."""
-    no_search = TritonFill(chunk_size=64, block_seqs=fill.block_seqs, padded=False, params_on_device=False,
-                           block_rows=fill.block_rows, num_warps=fill.num_warps,
-                           scan_cols=fill.constexprs["SCAN_COLS"], row_search=False)
+    no_search = TritonFill(
+        chunk_size=64,
+        block_seqs=fill.block_seqs,
+        padded=False,
+        params_on_device=False,
+        block_rows=fill.block_rows,
+        num_warps=fill.num_warps,
+        scan_cols=fill.constexprs["SCAN_COLS"],
+        row_search=False,
+    )
     return time_fill(no_search, *tensors, None)[0]
 
 
 @triton.jit
-def io_floor_kernel(query_start_loc, cu_seqlens, chunk_indices, chunk_offsets, num_seqs, num_rows,
-                    BLOCK_SEQS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+def io_floor_kernel(
+    query_start_loc,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    num_seqs,
+    num_rows,
+    BLOCK_SEQS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
     """The fill's memory traffic alone: every program loads the N + 1 offsets (twice, as the
     fill does), program 0 stores N lengths and N offsets, every program stores its rows; one
     reduction makes the rows depend on all the loads. No scan, no search: its values are
@@ -86,8 +112,17 @@ def io_floor_us(fill, qsl, params, cu, indices, offsets, num_seqs, nt) -> float:
     grid = (-(-nt // fill.block_rows),)
 
     def launch():
-        io_floor_kernel[grid](qsl, cu, indices, offsets, num_seqs, nt, BLOCK_SEQS=fill.block_seqs,
-                              BLOCK_ROWS=fill.block_rows, num_warps=fill.num_warps)
+        io_floor_kernel[grid](
+            qsl,
+            cu,
+            indices,
+            offsets,
+            num_seqs,
+            nt,
+            BLOCK_SEQS=fill.block_seqs,
+            BLOCK_ROWS=fill.block_rows,
+            num_warps=fill.num_warps,
+        )
 
     launch()
     return slow_launch_us(launch)  # launched through the JIT: tens of µs of host time each
@@ -109,8 +144,18 @@ def time_cuda_fill(cuda, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
     if kernel is None:
         return None
     stream = torch.cuda.current_stream().cuda_stream
-    args = (qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr(),
-            0, num_seqs, nt, num_seqs, 0)
+    args = (
+        qsl.data_ptr(),
+        params.data_ptr(),
+        cu.data_ptr(),
+        indices.data_ptr(),
+        offsets.data_ptr(),
+        0,
+        num_seqs,
+        nt,
+        num_seqs,
+        0,
+    )
 
     def launch():
         cuda.launch(kernel[0], stream, *args)
@@ -120,11 +165,14 @@ def time_cuda_fill(cuda, qsl, params, cu, indices, offsets, num_seqs, nt, ref):
 
 
 # (THREADS, BLOCK_ROWS) of the CUDA C fill tried per workload
-CUDA_CONFIGS = [(threads, rows) for threads in (64, 128, 256, 512, 1024) for rows in (64, 128, 256, 512, 1024)
-                if rows >= threads]
+CUDA_CONFIGS = [
+    (threads, rows) for threads in (64, 128, 256, 512, 1024) for rows in (64, 128, 256, 512, 1024) if rows >= threads
+]
 
-EMPTY_CUDA = 'extern "C" __global__ void empty_fill(const int *a, const int *b, int *c, long long *d, ' \
-             'long long *e, int f, int g, int h, int i, int j) {}'
+EMPTY_CUDA = (
+    'extern "C" __global__ void empty_fill(const int *a, const int *b, int *c, long long *d, '
+    "long long *e, int f, int g, int h, int i, int j) {}"
+)
 
 
 IO_FLOOR_CUDA = r"""
@@ -180,37 +228,54 @@ def cuda_figures(capacity, tensors, ref) -> dict | None:
         return None
     results = []
     for threads, rows in CUDA_CONFIGS:
-        timed = time_cuda_fill(CudaFill(chunk_size=64, block_seqs=capacity, padded=False, threads=threads,
-                                        block_rows=rows), *tensors, ref)
+        timed = time_cuda_fill(
+            CudaFill(chunk_size=64, block_seqs=capacity, padded=False, threads=threads, block_rows=rows), *tensors, ref
+        )
         results.append((timed, f"{threads}/{rows}"))
     results.sort()
     qsl, params, cu, indices, offsets, num_seqs, nt = tensors
     grid = -(-nt // default.block_rows)
     empty = diagnostic_cuda_us(EMPTY_CUDA, b"empty_fill", default, grid, [0] * 5, [0] * 5)
     pointers = [qsl.data_ptr(), params.data_ptr(), cu.data_ptr(), indices.data_ptr(), offsets.data_ptr()]
-    io_floor = diagnostic_cuda_us(IO_FLOOR_CUDA, b"io_floor_fill", default, grid, pointers,
-                                  [0, num_seqs, nt, num_seqs, 0])
-    return {"default": f"{default.threads}/{default.block_rows}", "us": chosen[0], "exact": chosen[1],
-            "grid": grid, "threads": default.threads, "empty_kernel": empty, "io_floor": io_floor,
-            "configs": [[config, us] for (us, _), config in results],
-            "wrong": [config for (_, ok), config in results if not ok]}
+    io_floor = diagnostic_cuda_us(
+        IO_FLOOR_CUDA, b"io_floor_fill", default, grid, pointers, [0, num_seqs, nt, num_seqs, 0]
+    )
+    return {
+        "default": f"{default.threads}/{default.block_rows}",
+        "us": chosen[0],
+        "exact": chosen[1],
+        "grid": grid,
+        "threads": default.threads,
+        "empty_kernel": empty,
+        "io_floor": io_floor,
+        "configs": [[config, us] for (us, _), config in results],
+        "wrong": [config for (_, ok), config in results if not ok],
+    }
 
 
 def cuda_line(c: dict | None) -> str:
     if c is None:
         return "CUDA C fill: not available (no NVRTC)"
-    return (f"CUDA C fill: default {c['default']} {c['us']:.2f}"
-            f" (empty kernel, {c['grid']} x {c['threads']} threads: {c['empty_kernel']:.2f}; I/O floor: "
-            f"{c['io_floor']:.2f}){'' if c['exact'] else ' WRONG'}" + (f"; WRONG: {c['wrong']}" if c["wrong"] else "")
-            + " | " + "  ".join(f"{config}:{us:.2f}" for config, us in c["configs"][:8]))
+    return (
+        f"CUDA C fill: default {c['default']} {c['us']:.2f}"
+        f" (empty kernel, {c['grid']} x {c['threads']} threads: {c['empty_kernel']:.2f}; I/O floor: "
+        f"{c['io_floor']:.2f}){'' if c['exact'] else ' WRONG'}"
+        + (f"; WRONG: {c['wrong']}" if c["wrong"] else "")
+        + " | "
+        + "  ".join(f"{config}:{us:.2f}" for config, us in c["configs"][:8])
+    )
 
 
 def triton_line(w: dict) -> str:
     t = w["triton"]
-    return (f"{w['key']} capacity={w['capacity']} NT={w['num_chunks']}: empty launch {w['empty_launch']:.2f}; default "
-            f"{t['default']} {t['us']:.2f}{'' if t['exact'] else ' WRONG'} (no row search: {t['no_row_search']:.2f}; "
-            f"I/O floor: {t['io_floor']:.2f})" + (f"; WRONG: {t['wrong']}" if t["wrong"] else "") + " | "
-            + "  ".join(f"{config}:{us:.2f}" for config, us in t["configs"][:10]))
+    return (
+        f"{w['key']} capacity={w['capacity']} NT={w['num_chunks']}: empty launch {w['empty_launch']:.2f}; default "
+        f"{t['default']} {t['us']:.2f}{'' if t['exact'] else ' WRONG'} (no row search: {t['no_row_search']:.2f}; "
+        f"I/O floor: {t['io_floor']:.2f})"
+        + (f"; WRONG: {t['wrong']}" if t["wrong"] else "")
+        + " | "
+        + "  ".join(f"{config}:{us:.2f}" for config, us in t["configs"][:10])
+    )
 
 
 # (BLOCK_ROWS, num_warps, SCAN_COLS) tried per workload
@@ -222,8 +287,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--default-only", action="store_true", help="no Triton configurations")
     parser.add_argument("--out", default="bench_out", help="where its record (kernel_sweep.runs.jsonl) goes")
     args = parser.parse_args(argv)
-    print(f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first; "
-          "configs are BLOCK_ROWS/num_warps/SCAN_COLS (Triton) and THREADS/BLOCK_ROWS (CUDA C fill)")
+    print(
+        f"# {torch.cuda.get_device_name()}: device µs per build (median of 5 x 200 launches), fastest first; "
+        "configs are BLOCK_ROWS/num_warps/SCAN_COLS (Triton) and THREADS/BLOCK_ROWS (CUDA C fill)"
+    )
     workloads = []
     for num_seqs, num_tokens, capacity in CASES:
         batch = workload(num_seqs, num_tokens, seed=num_seqs)
@@ -238,18 +305,34 @@ def main(argv: list[str]) -> int:
         empty = empty_launch_us()
         results = []
         for block_rows, num_warps, scan_cols in CONFIGS if not args.default_only else ():
-            fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False,
-                              block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
+            fill = TritonFill(
+                chunk_size=64,
+                block_seqs=capacity,
+                padded=False,
+                params_on_device=False,
+                block_rows=block_rows,
+                num_warps=num_warps,
+                scan_cols=scan_cols,
+            )
             results.append((time_fill(fill, *tensors, ref), f"{block_rows}/{num_warps}/{scan_cols}"))
         results.sort()
         default = TritonFill(chunk_size=64, block_seqs=capacity, padded=False, params_on_device=False)
         chosen = time_fill(default, *tensors, ref)
-        w = {"key": f"{num_seqs}x{num_tokens // 1024}k", "capacity": capacity, "num_chunks": nt, "empty_launch": empty,
-             "triton": {"default": f"{default.block_rows}/{default.num_warps}/{default.constexprs['SCAN_COLS']}",
-                        "us": chosen[0], "exact": chosen[1], "no_row_search": no_search_us(default, tensors),
-                        "io_floor": io_floor_us(default, *tensors),
-                        "configs": [[config, us] for (us, _), config in results],
-                        "wrong": [config for (_, ok), config in results if not ok]}}
+        w = {
+            "key": f"{num_seqs}x{num_tokens // 1024}k",
+            "capacity": capacity,
+            "num_chunks": nt,
+            "empty_launch": empty,
+            "triton": {
+                "default": f"{default.block_rows}/{default.num_warps}/{default.constexprs['SCAN_COLS']}",
+                "us": chosen[0],
+                "exact": chosen[1],
+                "no_row_search": no_search_us(default, tensors),
+                "io_floor": io_floor_us(default, *tensors),
+                "configs": [[config, us] for (us, _), config in results],
+                "wrong": [config for (_, ok), config in results if not ok],
+            },
+        }
         print(triton_line(w))
         w["cuda"] = cuda_figures(capacity, tensors, ref)
         w["empty_launch_after"] = empty_launch_us()

@@ -45,10 +45,15 @@ def main(argv: list[str]) -> int:
                 fn()
         torch.cuda.synchronize()
         w = figures["workloads"][case.key] = {
-            "after_setup": after_setup, "after_methods": empty_us(),
-            "allocated_mib": mib(torch.cuda.memory_allocated()), "reserved_mib": mib(torch.cuda.memory_reserved())}
-        print(f"{case.key}: after its setup {after_setup:.2f}, after its methods ran {w['after_methods']:.2f}, "
-              f"allocated {w['allocated_mib']} MiB, reserved {w['reserved_mib']} MiB")
+            "after_setup": after_setup,
+            "after_methods": empty_us(),
+            "allocated_mib": mib(torch.cuda.memory_allocated()),
+            "reserved_mib": mib(torch.cuda.memory_reserved()),
+        }
+        print(
+            f"{case.key}: after its setup {after_setup:.2f}, after its methods ran {w['after_methods']:.2f}, "
+            f"allocated {w['allocated_mib']} MiB, reserved {w['reserved_mib']} MiB"
+        )
     del cases
     torch.cuda.empty_cache()
     figures["cases_freed"] = empty_us()

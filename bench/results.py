@@ -44,12 +44,24 @@ DATA = HERE / "results" / "runs.jsonl"
 RESULTS_MD = HERE / "RESULTS.md"
 REQUIRED = ("id", "kind", "date", "commit", "command", "device", "figures")
 OPTIONAL = ("experiment", "note", "source")
-KINDS = ("gpu_compare", "step_loop", "stress", "kernel_sweep", "kernel_variants", "launch_floor", "graph_floor",
-         "launch_paths", "gpu_tests", "pytest_benchmark", "demo")
+KINDS = (
+    "gpu_compare",
+    "step_loop",
+    "stress",
+    "kernel_sweep",
+    "kernel_variants",
+    "launch_floor",
+    "graph_floor",
+    "launch_paths",
+    "gpu_tests",
+    "pytest_benchmark",
+    "demo",
+)
 RECORD_SUFFIX = ".runs.jsonl"
 
 
 # ---------------------------------------------------------------- making records (GPU machine)
+
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -66,10 +78,16 @@ def checkout_commit() -> str:
     if os.environ.get("CHUNKMETA_COMMIT"):
         return os.environ["CHUNKMETA_COMMIT"]
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -95,7 +113,7 @@ def device_info() -> dict:
         from importlib.metadata import version
 
         info["fla"] = version("fla-core")
-    except Exception:  # not installed: leave it out
+    except Exception:  # noqa: BLE001  (not installed, or its metadata unreadable: leave it out)
         pass
     try:
         from chunkmeta.fill import cuda_fill
@@ -103,7 +121,7 @@ def device_info() -> dict:
         nvrtc = cuda_fill.nvrtc_version()
         if nvrtc:
             info["nvrtc"] = nvrtc
-    except Exception:  # no CUDA C fill here: leave it out
+    except Exception:  # noqa: BLE001  (no CUDA C fill here: leave it out)
         pass
     return {k: info[k] for k in ("gpu", "torch", "triton", "fla", "python", "nvrtc") if k in info}
 
@@ -116,12 +134,25 @@ def command_line(argv: list[str], out: str | os.PathLike | None = None) -> str:
     return " ".join(words)
 
 
-def make_record(kind: str, figures: dict, *, command: str, date: str | None = None, commit: str | None = None,
-                device: dict | None = None, **optional) -> dict:
+def make_record(
+    kind: str,
+    figures: dict,
+    *,
+    command: str,
+    date: str | None = None,
+    commit: str | None = None,
+    device: dict | None = None,
+    **optional,
+) -> dict:
     date = date or utc_now()
-    record = {"id": record_id(kind, date), "kind": kind, "date": date,
-              "commit": commit or checkout_commit(), "command": command,
-              "device": device if device is not None else device_info()}
+    record = {
+        "id": record_id(kind, date),
+        "kind": kind,
+        "date": date,
+        "commit": commit or checkout_commit(),
+        "command": command,
+        "device": device if device is not None else device_info(),
+    }
     record.update({k: v for k, v in optional.items() if v is not None})
     record["figures"] = figures
     validate(record)
@@ -146,6 +177,7 @@ def write_record(out_dir: str | os.PathLike, record: dict) -> Path:
 
 # ---------------------------------------------------------------- stage outputs -> figures
 
+
 def gpu_tests_figures(log: str) -> dict:
     """Counts, duration, skip reasons and slowest tests from a pytest log (-ra --durations)."""
     summary = [ln for ln in log.splitlines() if re.match(r"=*\s*\d+ (passed|failed|error)", ln.strip("= "))]
@@ -158,52 +190,74 @@ def gpu_tests_figures(log: str) -> dict:
     figures["seconds"] = float(re.search(r" in ([\d.]+)s", last).group(1))
     figures["skip_reasons"] = re.findall(r"^SKIPPED \[\d+\] (.*)$", log, re.M)
     figures["failures"] = re.findall(r"^(?:FAILED|ERROR) (\S+)", log, re.M)
-    figures["slowest"] = [{"seconds": float(s), "test": t}
-                          for s, t in re.findall(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+)$", log, re.M)]
+    figures["slowest"] = [
+        {"seconds": float(s), "test": t}
+        for s, t in re.findall(r"^([\d.]+)s (?:call|setup|teardown)\s+(\S+)$", log, re.M)
+    ]
     return figures
 
 
 def pytest_benchmark_figures(data: dict) -> dict:
     """µs per test from pytest-benchmark's --benchmark-json."""
-    tests = {b["name"]: {"min_us": b["stats"]["min"] * 1e6, "median_us": b["stats"]["median"] * 1e6,
-                         "iqr_us": b["stats"]["iqr"] * 1e6, "rounds": b["stats"]["rounds"]}
-             for b in data["benchmarks"]}
+    tests = {
+        b["name"]: {
+            "min_us": b["stats"]["min"] * 1e6,
+            "median_us": b["stats"]["median"] * 1e6,
+            "iqr_us": b["stats"]["iqr"] * 1e6,
+            "rounds": b["stats"]["rounds"],
+        }
+        for b in data["benchmarks"]
+    }
     return {"tests": tests}
 
 
 def demo_figures(log: str) -> dict:
     """The main job's per-step table and summary (``python -m chunkmeta``'s output)."""
     figures: dict = {"per_step": []}
-    names = {"step": "step", "N": "num_seqs", "T": "num_tokens", "NT": "num_chunks", "host_us": "host_us",
-             "fla_us": "fla_us", "dev_us": "device_us", "match": "match"}
+    names = {
+        "step": "step",
+        "N": "num_seqs",
+        "T": "num_tokens",
+        "NT": "num_chunks",
+        "host_us": "host_us",
+        "fla_us": "fla_us",
+        "dev_us": "device_us",
+        "match": "match",
+    }
     header = None
     for ln in log.splitlines():
         cells = ln.split()
         if cells[:1] == ["step"] and not ln.startswith("steps:"):
             header = [names.get(c, c) for c in cells]  # the columns differ with the device and --no-fla
         elif header and len(cells) == len(header) and cells[0].isdigit():
-            figures["per_step"].append({k: v if k == "match" else float(v) if "." in v else int(v)
-                                        for k, v in zip(header, cells)})
+            figures["per_step"].append(
+                {k: v if k == "match" else float(v) if "." in v else int(v) for k, v in zip(header, cells, strict=True)}
+            )
     patterns = {
         r"steps: (\d+)\s+mismatches: (\d+)": ("steps", "mismatches"),
         r"chunkmeta host us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("host_us_p50", "host_us_p99"),
         r"FLA .*?host us: p50 ([\d.]+)\s+p99 ([\d.]+)": ("fla_us_p50", "fla_us_p99"),
         r"chunkmeta is ([\d.]+)x faster at p50": ("speedup_p50",),
         r"chunkmeta device us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("device_us_p50", "device_us_p99"),
-        r"device: (\S+)": ("device",), r"backend: (\S+)": ("backend",),
+        r"device: (\S+)": ("device",),
+        r"backend: (\S+)": ("backend",),
     }
     for pattern, names in patterns.items():
         match = re.search(pattern, log)
         if match:
-            for name, value in zip(names, match.groups()):
-                figures[name] = value if name in ("device", "backend") else (
-                    int(value) if name in ("steps", "mismatches") else float(value))
+            for name, value in zip(names, match.groups(), strict=True):
+                figures[name] = (
+                    value
+                    if name in ("device", "backend")
+                    else (int(value) if name in ("steps", "mismatches") else float(value))
+                )
     if "steps" not in figures:
         raise ValueError("no 'steps: N  mismatches: M' line in the demo log")
     return figures
 
 
 # ---------------------------------------------------------------- the data file
+
 
 def validate(record: dict) -> None:
     missing = [k for k in REQUIRED if k not in record]
@@ -266,8 +320,11 @@ def gather(directory: str) -> int:
 
 def record_from_stage(kind: str, file: str, out: str, command: str) -> int:
     text = Path(file).read_text()
-    makers = {"gpu_tests": gpu_tests_figures, "demo": demo_figures,
-              "pytest_benchmark": lambda t: pytest_benchmark_figures(json.loads(t))}
+    makers = {
+        "gpu_tests": gpu_tests_figures,
+        "demo": demo_figures,
+        "pytest_benchmark": lambda t: pytest_benchmark_figures(json.loads(t)),
+    }
     if kind not in makers:
         raise SystemExit(f"record: KIND must be one of {sorted(makers)}")
     print(write_record(out, make_record(kind, makers[kind](text), command=command)))
@@ -275,6 +332,7 @@ def record_from_stage(kind: str, file: str, out: str, command: str) -> int:
 
 
 # ---------------------------------------------------------------- rendering
+
 
 def _f(value, digits=1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
@@ -362,41 +420,73 @@ def _render_gpu_compare(records: list[dict]) -> list[str]:
     if latest is None:
         return []
     res = _workloads(latest)
-    out = ["## chunkmeta against the anchors", "",
-           f"The latest run ({latest['date']}). Host = wall time of one call, p50: queue idle (calls back to "
-           "back) / queue busy (one call behind ~1 ms of queued GPU work). Device = µs per call from CUDA "
-           "events around 100 calls queued behind a sleep kernel; in brackets the `floor` method's (two "
-           "allocations and one empty Triton launch). Ratios: anchor / chunkmeta, host idle / host busy / "
-           "device (higher: chunkmeta faster); * marks an anchor that synchronizes, whose device figure is "
-           "host-bound. Methods and how they are timed: bench/gpu_compare.py, bench/anchors.py.", ""]
+    out = [
+        "## chunkmeta against the anchors",
+        "",
+        f"The latest run ({latest['date']}). Host = wall time of one call, p50: queue idle (calls back to "
+        "back) / queue busy (one call behind ~1 ms of queued GPU work). Device = µs per call from CUDA "
+        "events around 100 calls queued behind a sleep kernel; in brackets the `floor` method's (two "
+        "allocations and one empty Triton launch). Ratios: anchor / chunkmeta, host idle / host busy / "
+        "device (higher: chunkmeta faster); * marks an anchor that synchronizes, whose device figure is "
+        "host-bound. Methods and how they are timed: bench/gpu_compare.py, bench/anchors.py.",
+        "",
+    ]
     out += _about(latest)
     rows = []
     for key, w in res.items():
         cm = w["chunkmeta"]
-        cells = [key, f"{_f(cm['host_idle_p50'])} / {_f(cm['host_busy_p50'])}",
-                 f"{_f(cm['host_idle_p99'])} / {_f(cm['host_busy_p99'])}",
-                 f"{_f(cm['device_us'], 2)} ({_f(w['floor']['device_us'], 2)})",
-                 w["_workload"].get("c_build_kernel", "n/a"),
-                 "yes" if all(m["matched"] is not False for k, m in w.items() if k != "_workload") else "NO"]
+        cells = [
+            key,
+            f"{_f(cm['host_idle_p50'])} / {_f(cm['host_busy_p50'])}",
+            f"{_f(cm['host_idle_p99'])} / {_f(cm['host_busy_p99'])}",
+            f"{_f(cm['device_us'], 2)} ({_f(w['floor']['device_us'], 2)})",
+            w["_workload"].get("c_build_kernel", "n/a"),
+            "yes" if all(m["matched"] is not False for k, m in w.items() if k != "_workload") else "NO",
+        ]
         for name in ANCHORS:
             m = w[name]
             star = "*" if m["host_bound_device"] else ""
-            cells.append(f"{m['host_idle_p50'] / cm['host_idle_p50']:.1f} / {m['host_busy_p50'] / cm['host_busy_p50']:.1f}"
-                         f" / {m['device_us'] / cm['device_us']:.1f}{star}")
+            cells.append(
+                f"{m['host_idle_p50'] / cm['host_idle_p50']:.1f} / {m['host_busy_p50'] / cm['host_busy_p50']:.1f}"
+                f" / {m['device_us'] / cm['device_us']:.1f}{star}"
+            )
         rows.append(cells)
-    out += _table(["workload (seqs x tokens)", "chunkmeta host p50 idle / busy µs", "p99 idle / busy µs",
-                   "device µs (floor)", "C build kernel", "all exact", *ANCHORS], rows)
+    out += _table(
+        [
+            "workload (seqs x tokens)",
+            "chunkmeta host p50 idle / busy µs",
+            "p99 idle / busy µs",
+            "device µs (floor)",
+            "C build kernel",
+            "all exact",
+            *ANCHORS,
+        ],
+        rows,
+    )
     methods = [m for m in next(iter(res.values())) if m != "_workload"]
     out += ["Every method in that run, host idle p50 / host busy p50 / device µs:", ""]
-    out += _table(["method", *res], [[name] + [
-        f"{_f(w[name]['host_idle_p50'])} / {_f(w[name]['host_busy_p50'])} / {_f(w[name]['device_us'], 2)}"
-        + ("*" if w[name]["host_bound_device"] else "") for w in res.values()] for name in methods])
+    out += _table(
+        ["method", *res],
+        [
+            [name]
+            + [
+                f"{_f(w[name]['host_idle_p50'])} / {_f(w[name]['host_busy_p50'])} / {_f(w[name]['device_us'], 2)}"
+                + ("*" if w[name]["host_bound_device"] else "")
+                for w in res.values()
+            ]
+            for name in methods
+        ],
+    )
 
     runs = _sorted(records, "gpu_compare")
-    out += ["### Every gpu_compare run", "",
-            "Host ranges: the workloads up to 1024 sequences, then `;` the larger one(s). Host ≤ 10 µs: "
-            "cells (workload x idle/busy) up to 1024 sequences at or under 10 µs. Ratios: min–max over "
-            "every workload. Empty Python call: median over the workloads of the host breakdown's.", ""]
+    out += [
+        "### Every gpu_compare run",
+        "",
+        "Host ranges: the workloads up to 1024 sequences, then `;` the larger one(s). Host ≤ 10 µs: "
+        "cells (workload x idle/busy) up to 1024 sequences at or under 10 µs. Ratios: min–max over "
+        "every workload. Empty Python call: median over the workloads of the host breakdown's.",
+        "",
+    ]
     rows = []
     for r in runs:
         res = _workloads(r)
@@ -404,78 +494,143 @@ def _render_gpu_compare(records: list[dict]) -> list[str]:
         met = sum(cm[k][m] <= 10.0 for k in _small(r) for m in ("host_idle_p50", "host_busy_p50"))
         empty = [b.get("empty python call") for b in r["figures"].get("host_breakdown", {}).values()]
         empty = [e for e in empty if e is not None]
-        rows.append([_cite(r), r["commit"], r["figures"].get("rounds", "n/a"),
-                     _split(r, {k: v["host_idle_p50"] for k, v in cm.items()}),
-                     _split(r, {k: v["host_busy_p50"] for k, v in cm.items()}),
-                     f"{met} of {2 * len(_small(r))}",
-                     " / ".join(_f(v["device_us"], 2) for v in cm.values())
-                     + f" (floor {_range([w['floor']['device_us'] for w in res.values()], 2)})",
-                     _range([w["floor"]["host_idle_p50"] for w in res.values()], 0),
-                     _f(statistics.median(empty), 2) if empty else "n/a",
-                     f"{_range(_ratio(r, 'fla_sync', 'host_idle_p50'), 0)}x / "
-                     f"{_range(_ratio(r, 'fla_sync', 'host_busy_p50'), 0)}x",
-                     f"{_range(_ratio(r, 'rocm_style', 'host_idle_p50'))}x / "
-                     f"{_range(_ratio(r, 'rocm_style', 'host_busy_p50'))}x",
-                     _note(r)])
+        rows.append(
+            [
+                _cite(r),
+                r["commit"],
+                r["figures"].get("rounds", "n/a"),
+                _split(r, {k: v["host_idle_p50"] for k, v in cm.items()}),
+                _split(r, {k: v["host_busy_p50"] for k, v in cm.items()}),
+                f"{met} of {2 * len(_small(r))}",
+                " / ".join(_f(v["device_us"], 2) for v in cm.values())
+                + f" (floor {_range([w['floor']['device_us'] for w in res.values()], 2)})",
+                _range([w["floor"]["host_idle_p50"] for w in res.values()], 0),
+                _f(statistics.median(empty), 2) if empty else "n/a",
+                f"{_range(_ratio(r, 'fla_sync', 'host_idle_p50'), 0)}x / "
+                f"{_range(_ratio(r, 'fla_sync', 'host_busy_p50'), 0)}x",
+                f"{_range(_ratio(r, 'rocm_style', 'host_idle_p50'))}x / "
+                f"{_range(_ratio(r, 'rocm_style', 'host_busy_p50'))}x",
+                _note(r),
+            ]
+        )
     keys = " / ".join(_workloads(runs[-1]))
-    out += _table(["record", "commit", "rounds", "host idle µs", "host busy µs", "host ≤ 10 µs",
-                   f"device µs {keys}", "floor host idle µs", "empty Python call µs", "x fla_sync idle / busy",
-                   "x rocm_style idle / busy", "note"], rows)
+    out += _table(
+        [
+            "record",
+            "commit",
+            "rounds",
+            "host idle µs",
+            "host busy µs",
+            "host ≤ 10 µs",
+            f"device µs {keys}",
+            "floor host idle µs",
+            "empty Python call µs",
+            "x fla_sync idle / busy",
+            "x rocm_style idle / busy",
+            "note",
+        ],
+        rows,
+    )
 
-    out += ["### Where the host time goes", "",
-            "chunkmeta's build and its parts alone (gpu_compare's host breakdown: medians of 2,000 single "
-            "calls, µs; the workloads up to 1024 sequences, then `;` the larger one). What each part is: "
-            "docs/gpu.md.", ""]
+    out += [
+        "### Where the host time goes",
+        "",
+        "chunkmeta's build and its parts alone (gpu_compare's host breakdown: medians of 2,000 single "
+        "calls, µs; the workloads up to 1024 sequences, then `;` the larger one). What each part is: "
+        "docs/gpu.md.",
+        "",
+    ]
     measured = [r for r in runs if r["figures"].get("host_breakdown")]
     names = [n for n in BREAKDOWN if any(n in p for r in measured for p in r["figures"]["host_breakdown"].values())]
     rows = []
     for r in measured:
         parts = r["figures"]["host_breakdown"]
-        rows.append([_cite(r)] + [_split(r, {k: p[name] for k, p in parts.items() if name in p}, 2)
-                                  if any(name in p for p in parts.values()) else "n/a" for name in names])
+        rows.append(
+            [_cite(r)]
+            + [
+                _split(r, {k: p[name] for k, p in parts.items() if name in p}, 2)
+                if any(name in p for p in parts.values())
+                else "n/a"
+                for name in names
+            ]
+        )
     out += _table(["record", *(BREAKDOWN[n] for n in names)], rows)
     return out
 
 
 # kernel sweeps --------------------------------------------------------------------------------
 
+
 def _configs(pairs, count=3) -> str:
     return "  ".join(f"{c}:{us:.2f}" for c, us in pairs[:count]) or "default only"
+
+
+def _sweep_cell(w: dict | None) -> str:
+    if w is None:
+        return "n/a"
+    triton, cuda = w.get("triton") or {}, w.get("cuda") or {}
+    return f"{_f(triton.get('us'), 2)} / {_f(cuda.get('us'), 2)} ({_f(w.get('empty_launch'), 2)})"
 
 
 def _render_kernel_sweep(records: list[dict]) -> list[str]:
     latest = _latest(records, "kernel_sweep")
     if latest is None:
         return []
-    out = ["## Kernel sweeps", "",
-           "Device µs per build of each fill launched alone on fixed buffers (median of 5 x 200 launches, no "
-           "CUDA graphs in the process; bench/kernel_sweep.py). Diagnostics: an empty one-program launch (the "
-           "floor every figure includes), the Triton fill without its row search, an I/O floor kernel per "
-           "fill (its loads and stores, no scan, no search), an empty CUDA kernel at the CUDA C fill's grid. "
-           "Triton configurations are BLOCK_ROWS/num_warps/SCAN_COLS, CUDA C fill ones THREADS/BLOCK_ROWS; "
-           "the fastest three of each are listed.", ""]
+    out = [
+        "## Kernel sweeps",
+        "",
+        "Device µs per build of each fill launched alone on fixed buffers (median of 5 x 200 launches, no "
+        "CUDA graphs in the process; bench/kernel_sweep.py). Diagnostics: an empty one-program launch (the "
+        "floor every figure includes), the Triton fill without its row search, an I/O floor kernel per "
+        "fill (its loads and stores, no scan, no search), an empty CUDA kernel at the CUDA C fill's grid. "
+        "Triton configurations are BLOCK_ROWS/num_warps/SCAN_COLS, CUDA C fill ones THREADS/BLOCK_ROWS; "
+        "the fastest three of each are listed.",
+        "",
+    ]
     out += _about(latest)
     rows = []
     for w in latest["figures"]["workloads"]:
         t, c = w.get("triton") or {}, w.get("cuda") or {}
-        rows.append([w["key"], w["capacity"], w["num_chunks"], _f(w.get("empty_launch"), 2),
-                     f"{t.get('default', 'n/a')} {_f(t.get('us'), 2)}" if t else "n/a",
-                     _f(t.get("no_row_search"), 2), _f(t.get("io_floor"), 2), _configs(t.get("configs", [])),
-                     f"{c.get('default', 'n/a')} {_f(c.get('us'), 2)}" if c else "n/a",
-                     _f(c.get("empty_kernel"), 2), _f(c.get("io_floor"), 2), _configs(c.get("configs", []))])
-    out += _table(["workload", "capacity", "NT", "empty launch", "Triton default", "no row search", "I/O floor",
-                   "fastest Triton", "CUDA C default", "empty kernel at its grid", "I/O floor",
-                   "fastest CUDA C"], rows)
+        rows.append(
+            [
+                w["key"],
+                w["capacity"],
+                w["num_chunks"],
+                _f(w.get("empty_launch"), 2),
+                f"{t.get('default', 'n/a')} {_f(t.get('us'), 2)}" if t else "n/a",
+                _f(t.get("no_row_search"), 2),
+                _f(t.get("io_floor"), 2),
+                _configs(t.get("configs", [])),
+                f"{c.get('default', 'n/a')} {_f(c.get('us'), 2)}" if c else "n/a",
+                _f(c.get("empty_kernel"), 2),
+                _f(c.get("io_floor"), 2),
+                _configs(c.get("configs", [])),
+            ]
+        )
+    out += _table(
+        [
+            "workload",
+            "capacity",
+            "NT",
+            "empty launch",
+            "Triton default",
+            "no row search",
+            "I/O floor",
+            "fastest Triton",
+            "CUDA C default",
+            "empty kernel at its grid",
+            "I/O floor",
+            "fastest CUDA C",
+        ],
+        rows,
+    )
     runs = _sorted(records, "kernel_sweep")
     keys = [w["key"] for w in runs[-1]["figures"]["workloads"]]
-    out += ["### Every kernel sweep", "",
-            "Per workload: Triton default / CUDA C default µs (empty launch).", ""]
+    out += ["### Every kernel sweep", "", "Per workload: Triton default / CUDA C default µs (empty launch).", ""]
     rows = []
     for r in runs:
         cells = {w["key"]: w for w in r["figures"]["workloads"]}
-        rows.append([_cite(r), r["commit"]] + [
-            (f"{_f((cells[k].get('triton') or {}).get('us'), 2)} / {_f((cells[k].get('cuda') or {}).get('us'), 2)}"
-             f" ({_f(cells[k].get('empty_launch'), 2)})") if k in cells else "n/a" for k in keys] + [_note(r)])
+        rows.append([_cite(r), r["commit"], *(_sweep_cell(cells.get(k)) for k in keys), _note(r)])
     return out + _table(["record", "commit", *keys, "note"], rows)
 
 
@@ -483,29 +638,48 @@ def _render_diagnostics(records: list[dict]) -> list[str]:
     out = []
     for r in _sorted(records, "launch_floor"):
         f = r["figures"]
-        out += ["### Launch floor through gpu_compare's setup", "",
-                "The empty launch's device µs per call (100 calls behind a 5 ms lead, median of 5) at the "
-                "start, after each gpu_compare workload's setup (each captures one CUDA graph) and methods, "
-                "and after plain allocations.", ""] + _about(r)
+        out += [
+            "### Launch floor through gpu_compare's setup",
+            "",
+            "The empty launch's device µs per call (100 calls behind a 5 ms lead, median of 5) at the "
+            "start, after each gpu_compare workload's setup (each captures one CUDA graph) and methods, "
+            "and after plain allocations.",
+            "",
+        ] + _about(r)
         rows = [["start", _f(f["start"], 2), "", ""]]
-        rows += [[k, _f(v["after_setup"], 2), _f(v["after_methods"], 2),
-                  f"{v['allocated_mib']} / {v['reserved_mib']}"] for k, v in f["workloads"].items()]
+        rows += [
+            [k, _f(v["after_setup"], 2), _f(v["after_methods"], 2), f"{v['allocated_mib']} / {v['reserved_mib']}"]
+            for k, v in f["workloads"].items()
+        ]
         rows.append(["cases freed", _f(f["cases_freed"], 2), "", f"- / {f['reserved_after_free_mib']}"])
-        rows += [[f"after allocating {mib} MiB more", _f(us, 2), "", ""] for mib, us in f["after_allocating_mib"].items()]
+        rows += [
+            [f"after allocating {mib} MiB more", _f(us, 2), "", ""] for mib, us in f["after_allocating_mib"].items()
+        ]
         out += _table(["point", "after setup µs", "after its methods µs", "allocated / reserved MiB"], rows)
     for r in _sorted(records, "graph_floor"):
         f = r["figures"]
-        out += ["### Launch floor against captured CUDA graphs", "",
-                "The same empty launch in a fresh process after capturing 0, 1, ... trivial graphs, and after "
-                "freeing them.", ""] + _about(r)
-        out += _table(["graphs captured", *f["graphs"], "freed"],
-                      [["device µs", *(_f(v, 2) for v in f["graphs"].values()), _f(f["graphs_freed"], 2)]])
+        out += [
+            "### Launch floor against captured CUDA graphs",
+            "",
+            "The same empty launch in a fresh process after capturing 0, 1, ... trivial graphs, and after "
+            "freeing them.",
+            "",
+        ] + _about(r)
+        out += _table(
+            ["graphs captured", *f["graphs"], "freed"],
+            [["device µs", *(_f(v, 2) for v in f["graphs"].values()), _f(f["graphs_freed"], 2)]],
+        )
     for r in _sorted(records, "launch_paths"):
-        out += ["### Launch paths", "",
-                "Device µs per build of one kernel through each launch path (median of 5 x N calls behind a "
-                "sleep kernel).", ""] + _about(r)
-        rows = [[k, w["capacity"], "  ".join(f"{p}: {us:.2f}" for p, us in w["paths"].items())]
-                for k, w in r["figures"]["workloads"].items()]
+        out += [
+            "### Launch paths",
+            "",
+            "Device µs per build of one kernel through each launch path (median of 5 x N calls behind a sleep kernel).",
+            "",
+        ] + _about(r)
+        rows = [
+            [k, w["capacity"], "  ".join(f"{p}: {us:.2f}" for p, us in w["paths"].items())]
+            for k, w in r["figures"]["workloads"].items()
+        ]
         out += _table(["workload", "capacity", "paths"], rows)
     return (["## Launch-floor diagnostics", ""] + out) if out else []
 
@@ -514,37 +688,80 @@ def _render_variants(records: list[dict]) -> list[str]:
     runs = _sorted(records, "kernel_variants")
     if not runs:
         return []
-    out = ["## Kernel variants", "",
-           "Kernel changes measured on the GPU (sweeps in bench/kernel_sweep.py's format, with the variant's "
-           "configurations beside the kept kernel's); why each was kept or not: docs/gpu.md.", ""]
+    out = [
+        "## Kernel variants",
+        "",
+        "Kernel changes measured on the GPU (sweeps in bench/kernel_sweep.py's format, with the variant's "
+        "configurations beside the kept kernel's); why each was kept or not: docs/gpu.md.",
+        "",
+    ]
     for r in runs:
-        out += [f"* {_cite(r)}, commit {r['commit']}: {r['figures']['title']}", "",
-                "  <details><summary>figures</summary>", "", "  ```"]
+        out += [
+            f"* {_cite(r)}, commit {r['commit']}: {r['figures']['title']}",
+            "",
+            "  <details><summary>figures</summary>",
+            "",
+            "  ```",
+        ]
         out += [f"  {line}" for line in r["figures"]["lines"]] + ["  ```", "", "  </details>", ""]
     return out
 
 
 # tests, loops, stress, benchmarks, demo -------------------------------------------------------
 
+
 def _render_gpu_tests(records: list[dict]) -> list[str]:
     runs = _sorted(records, "gpu_tests")
     if not runs:
         return []
-    rows = [[_cite(r), r["commit"], f"`{r['command']}`", r["figures"]["passed"], r["figures"]["failed"],
-             r["figures"]["errors"], r["figures"]["skipped"], r["figures"]["deselected"],
-             _f(r["figures"]["seconds"], 0),
-             "; ".join(f"{s['test']} {s['seconds']:.0f} s" for s in r["figures"]["slowest"][:2]), _note(r)]
-            for r in runs]
+    rows = [
+        [
+            _cite(r),
+            r["commit"],
+            f"`{r['command']}`",
+            r["figures"]["passed"],
+            r["figures"]["failed"],
+            r["figures"]["errors"],
+            r["figures"]["skipped"],
+            r["figures"]["deselected"],
+            _f(r["figures"]["seconds"], 0),
+            "; ".join(f"{s['test']} {s['seconds']:.0f} s" for s in r["figures"]["slowest"][:2]),
+            _note(r),
+        ]
+        for r in runs
+    ]
     skips = sorted({s for r in runs for s in r["figures"]["skip_reasons"]})
-    return (["## GPU tests", "", "`pytest -m gpu` on the GPU (what the tests cover: docs/gpu.md).", ""]
-            + _table(["record", "commit", "command", "passed", "failed", "errors", "skipped", "deselected", "s",
-                      "slowest", "note"], rows)
-            + (["Skip reasons: " + "; ".join(skips), ""] if skips else []))
+    return (
+        ["## GPU tests", "", "`pytest -m gpu` on the GPU (what the tests cover: docs/gpu.md).", ""]
+        + _table(
+            [
+                "record",
+                "commit",
+                "command",
+                "passed",
+                "failed",
+                "errors",
+                "skipped",
+                "deselected",
+                "s",
+                "slowest",
+                "note",
+            ],
+            rows,
+        )
+        + (["Skip reasons: " + "; ".join(skips), ""] if skips else [])
+    )
 
 
-STEP_COLUMNS = [("ms_per_step", "ms/step", 3), ("tokens_per_s", "tokens/s", 0), ("ratio_to_fla", "speed-up vs fla", 3),
-                ("dtoh_copies_per_step", "DtoH copies/step", 0), ("sync_gap_us", "sync gap µs/step", 1),
-                ("host_blocked_us", "host blocked µs/step", 0), ("gpu_idle_us", "GPU idle µs/step", 0)]
+STEP_COLUMNS = [
+    ("ms_per_step", "ms/step", 3),
+    ("tokens_per_s", "tokens/s", 0),
+    ("ratio_to_fla", "speed-up vs fla", 3),
+    ("dtoh_copies_per_step", "DtoH copies/step", 0),
+    ("sync_gap_us", "sync gap µs/step", 1),
+    ("host_blocked_us", "host blocked µs/step", 0),
+    ("gpu_idle_us", "GPU idle µs/step", 0),
+]
 
 
 def _render_step_loop(records: list[dict]) -> list[str]:
@@ -552,17 +769,23 @@ def _render_step_loop(records: list[dict]) -> list[str]:
     if latest is None:
         return []
     f = latest["figures"]
-    out = ["## Engine-like step loop", "",
-           f"Per step: the scheduler's copy of `query_start_loc`, the metadata, then {f['layers']} layers of "
-           "[GEMM, FLA KDA forward, GEMM], then the end-of-step wait; methods interleaved step by step, "
-           f"medians of {f['steps']} steps; profiler columns: medians of {f['profiled_steps']} profiled steps "
-           "(bench/step_loop.py says how each is measured).", ""] + _about(latest)
+    out = [
+        "## Engine-like step loop",
+        "",
+        f"Per step: the scheduler's copy of `query_start_loc`, the metadata, then {f['layers']} layers of "
+        "[GEMM, FLA KDA forward, GEMM], then the end-of-step wait; methods interleaved step by step, "
+        f"medians of {f['steps']} steps; profiler columns: medians of {f['profiled_steps']} profiled steps "
+        "(bench/step_loop.py says how each is measured).",
+        "",
+    ] + _about(latest)
     rows = []
     for row in f["rows"]:
         for method, m in ((k, v) for k, v in row.items() if isinstance(v, dict) and "available" in v):
             if not m["available"]:
-                rows.append([row["load"], method, "not available: " + (m.get("error") or "?").splitlines()[0][:100]]
-                            + [""] * len(STEP_COLUMNS))
+                rows.append(
+                    [row["load"], method, "not available: " + (m.get("error") or "?").splitlines()[0][:100]]
+                    + [""] * len(STEP_COLUMNS)
+                )
                 continue
             cells = [f"{m[k]:,.{d}f}" if k == "tokens_per_s" else f"{m[k]:.{d}f}" for k, _, d in STEP_COLUMNS]
             cells[2] += "x"
@@ -571,13 +794,16 @@ def _render_step_loop(records: list[dict]) -> list[str]:
     out += ["### Every step-loop run", "", "Speed-up over `fla` per method: min–max over the loads.", ""]
     rows = []
     for r in _sorted(records, "step_loop"):
-        methods = [k for k, v in r["figures"]["rows"][0].items() if isinstance(v, dict) and "available" in v
-                   and k != "fla"]
-        speedups = {m: [row[m]["ratio_to_fla"] for row in r["figures"]["rows"] if row[m]["available"]]
-                    for m in methods}
+        methods = [
+            k for k, v in r["figures"]["rows"][0].items() if isinstance(v, dict) and "available" in v and k != "fla"
+        ]
+        speedups = {m: [row[m]["ratio_to_fla"] for row in r["figures"]["rows"] if row[m]["available"]] for m in methods}
         identical = all(row["bit_identical"] for row in r["figures"]["rows"])
-        rows.append([_cite(r), r["commit"]] + [_range(speedups[m], 3, "x") for m in methods]
-                    + ["yes" if identical else "NO", _note(r)])
+        rows.append(
+            [_cite(r), r["commit"]]
+            + [_range(speedups[m], 3, "x") for m in methods]
+            + ["yes" if identical else "NO", _note(r)]
+        )
     return out + _table(["record", "commit", *methods, "outputs = fla", "note"], rows)
 
 
@@ -588,16 +814,42 @@ def _render_stress(records: list[dict]) -> list[str]:
     rows = []
     for r in runs:
         f = r["figures"]
-        rows.append([_cite(r), r["commit"], f"{f['steps']:,}", f["mismatches"], _f(f["seconds"]), f"{f['steps_per_s']:,}",
-                     ", ".join(f"{k} {v:,}" for k, v in f["kinds"].items()),
-                     f"{f['memory_allocated_start_bytes']:,} / {f['memory_allocated_end_bytes']:,} / "
-                     f"{f['memory_peak_bytes']:,}",
-                     ", ".join(f"{k} {v}" for k, v in f["graph_staging_waits"].items()), _note(r)])
-    return (["## Stress", "",
-             "Random steps of every kind, each compared with `chunkmeta.reference` on the device; the mismatch "
-             "counter read once at the end (bench/stress.py).", ""]
-            + _table(["record", "commit", "steps", "mismatches", "s", "steps/s", "steps by kind",
-                      "CUDA allocated start / end / peak bytes", "graph staging waits", "note"], rows))
+        rows.append(
+            [
+                _cite(r),
+                r["commit"],
+                f"{f['steps']:,}",
+                f["mismatches"],
+                _f(f["seconds"]),
+                f"{f['steps_per_s']:,}",
+                ", ".join(f"{k} {v:,}" for k, v in f["kinds"].items()),
+                f"{f['memory_allocated_start_bytes']:,} / {f['memory_allocated_end_bytes']:,} / "
+                f"{f['memory_peak_bytes']:,}",
+                ", ".join(f"{k} {v}" for k, v in f["graph_staging_waits"].items()),
+                _note(r),
+            ]
+        )
+    return [
+        "## Stress",
+        "",
+        "Random steps of every kind, each compared with `chunkmeta.reference` on the device; the mismatch "
+        "counter read once at the end (bench/stress.py).",
+        "",
+    ] + _table(
+        [
+            "record",
+            "commit",
+            "steps",
+            "mismatches",
+            "s",
+            "steps/s",
+            "steps by kind",
+            "CUDA allocated start / end / peak bytes",
+            "graph staging waits",
+            "note",
+        ],
+        rows,
+    )
 
 
 def _bench_group(tests: dict, prefix: str, metric: str, small_only=None) -> str:
@@ -611,59 +863,135 @@ def _render_pytest_benchmark(records: list[dict]) -> list[str]:
     latest = _latest(records, "pytest_benchmark")
     if latest is None:
         return []
-    out = ["## pytest-benchmark: host time of one call", "",
-           "bench/bench_build.py under `--benchmark-enable`: µs per call of `builder.build`, a graph replay and "
-           "the one-shot `build_chunk_metadata`.", ""] + _about(latest)
-    out += _table(["test", "min µs", "median µs", "IQR µs", "rounds"],
-                  [[name, _f(t["min_us"], 2), _f(t["median_us"], 2), _f(t["iqr_us"], 2), t["rounds"]]
-                   for name, t in latest["figures"]["tests"].items()])
-    out += ["### Every pytest-benchmark run", "",
-            "min–max over the workloads up to 1024 sequences, then `;` 4096 x 1M.", ""]
+    out = [
+        "## pytest-benchmark: host time of one call",
+        "",
+        "bench/bench_build.py under `--benchmark-enable`: µs per call of `builder.build`, a graph replay and "
+        "the one-shot `build_chunk_metadata`.",
+        "",
+    ] + _about(latest)
+    out += _table(
+        ["test", "min µs", "median µs", "IQR µs", "rounds"],
+        [
+            [name, _f(t["min_us"], 2), _f(t["median_us"], 2), _f(t["iqr_us"], 2), t["rounds"]]
+            for name, t in latest["figures"]["tests"].items()
+        ],
+    )
+    out += [
+        "### Every pytest-benchmark run",
+        "",
+        "min–max over the workloads up to 1024 sequences, then `;` 4096 x 1M.",
+        "",
+    ]
     rows = []
     for r in _sorted(records, "pytest_benchmark"):
         tests = r["figures"]["tests"]
-        rows.append([_cite(r), r["commit"], _bench_group(tests, "bench_builder_build", "min_us"),
-                     _bench_group(tests, "bench_builder_build", "median_us"),
-                     _bench_group(tests, "bench_graph_replay", "median_us"),
-                     _bench_group(tests, "bench_one_shot", "median_us"), _note(r)])
-    return out + _table(["record", "commit", "build() min µs", "build() median µs", "graph replay median µs",
-                         "one-shot median µs", "note"], rows)
+        rows.append(
+            [
+                _cite(r),
+                r["commit"],
+                _bench_group(tests, "bench_builder_build", "min_us"),
+                _bench_group(tests, "bench_builder_build", "median_us"),
+                _bench_group(tests, "bench_graph_replay", "median_us"),
+                _bench_group(tests, "bench_one_shot", "median_us"),
+                _note(r),
+            ]
+        )
+    return out + _table(
+        [
+            "record",
+            "commit",
+            "build() min µs",
+            "build() median µs",
+            "graph replay median µs",
+            "one-shot median µs",
+            "note",
+        ],
+        rows,
+    )
 
 
 def _render_demo(records: list[dict]) -> list[str]:
     runs = _sorted(records, "demo")
     if not runs:
         return []
-    rows = [[_cite(r), r["commit"], r["figures"]["steps"], r["figures"]["mismatches"], r["figures"].get("backend", "n/a"),
-             f"{_f(r['figures'].get('host_us_p50'))} / {_f(r['figures'].get('host_us_p99'))}",
-             f"{_f(r['figures'].get('fla_us_p50'))} / {_f(r['figures'].get('fla_us_p99'))}",
-             _f(r["figures"].get("speedup_p50")) + "x",
-             f"{_f(r['figures'].get('device_us_p50'), 2)} / {_f(r['figures'].get('device_us_p99'), 2)}", _note(r)]
-            for r in runs]
-    return (["## The main job on the GPU", "",
-             "`python -m chunkmeta` (`make demo`): the embedded trace replayed, every step checked against "
-             "`chunkmeta.reference`.", ""]
-            + _table(["record", "commit", "steps", "mismatches", "backend", "host µs per build p50 / p99",
-                      "FLA prepare_* µs p50 / p99", "speed-up p50", "device µs p50 / p99", "note"], rows))
+    rows = [
+        [
+            _cite(r),
+            r["commit"],
+            r["figures"]["steps"],
+            r["figures"]["mismatches"],
+            r["figures"].get("backend", "n/a"),
+            f"{_f(r['figures'].get('host_us_p50'))} / {_f(r['figures'].get('host_us_p99'))}",
+            f"{_f(r['figures'].get('fla_us_p50'))} / {_f(r['figures'].get('fla_us_p99'))}",
+            _f(r["figures"].get("speedup_p50")) + "x",
+            f"{_f(r['figures'].get('device_us_p50'), 2)} / {_f(r['figures'].get('device_us_p99'), 2)}",
+            _note(r),
+        ]
+        for r in runs
+    ]
+    return [
+        "## The main job on the GPU",
+        "",
+        "`python -m chunkmeta` (`make demo`): the embedded trace replayed, every step checked against "
+        "`chunkmeta.reference`.",
+        "",
+    ] + _table(
+        [
+            "record",
+            "commit",
+            "steps",
+            "mismatches",
+            "backend",
+            "host µs per build p50 / p99",
+            "FLA prepare_* µs p50 / p99",
+            "speed-up p50",
+            "device µs p50 / p99",
+            "note",
+        ],
+        rows,
+    )
 
 
 def render(records: list[dict]) -> str:
-    lines = ["# Results", "",
-             "<!-- Generated by `python bench/results.py render` from bench/results/runs.jsonl. Do not edit: "
-             "append records with `python bench/results.py add FILE...` and render again. -->", "",
-             f"Generated by `python bench/results.py render` from `bench/results/runs.jsonl` ({len(records)} "
-             "records). Every figure below is a record's; each table names its records by id. What the "
-             "figures mean, why kernel variants were or were not kept, and how to run the benchmarks: "
-             "[docs/gpu.md](../docs/gpu.md).", ""]
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by `python bench/results.py render` from bench/results/runs.jsonl. Do not edit: "
+        "append records with `python bench/results.py add FILE...` and render again. -->",
+        "",
+        f"Generated by `python bench/results.py render` from `bench/results/runs.jsonl` ({len(records)} "
+        "records). Every figure below is a record's; each table names its records by id. What the "
+        "figures mean, why kernel variants were or were not kept, and how to run the benchmarks: "
+        "[docs/gpu.md](../docs/gpu.md).",
+        "",
+    ]
     devices = {}
     for r in records:
         devices.setdefault(json.dumps(r["device"], sort_keys=True), []).append(r)
     lines += ["Devices and software in the records:", ""]
-    lines += _table(["device", "records", "dates"],
-                    [[", ".join(f"{k} {v}" for k, v in json.loads(d).items()), len(rs),
-                      f"{min(r['date'] for r in rs)} – {max(r['date'] for r in rs)}"] for d, rs in devices.items()])
-    for section in (_render_gpu_compare, _render_kernel_sweep, _render_diagnostics, _render_variants,
-                    _render_gpu_tests, _render_step_loop, _render_stress, _render_pytest_benchmark, _render_demo):
+    lines += _table(
+        ["device", "records", "dates"],
+        [
+            [
+                ", ".join(f"{k} {v}" for k, v in json.loads(d).items()),
+                len(rs),
+                f"{min(r['date'] for r in rs)} – {max(r['date'] for r in rs)}",
+            ]
+            for d, rs in devices.items()
+        ],
+    )
+    for section in (
+        _render_gpu_compare,
+        _render_kernel_sweep,
+        _render_diagnostics,
+        _render_variants,
+        _render_gpu_tests,
+        _render_step_loop,
+        _render_stress,
+        _render_pytest_benchmark,
+        _render_demo,
+    ):
         lines += section(records)
     return "\n".join(lines).rstrip() + "\n"
 

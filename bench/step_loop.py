@@ -81,16 +81,29 @@ from chunkmeta.integrations import kda
 from chunkmeta.workloads import workload
 
 # (name, sequences, tokens): light load first, where the stall matters most
-LOADS = [("1x128", 1, 128), ("1x512", 1, 512), ("4x512", 4, 512), ("8x1k", 8, 1024), ("8x4k", 8, 4096),
-         ("32x8k", 32, 8192), ("64x16k", 64, 16384), ("128x32k", 128, 32768)]
+LOADS = [
+    ("1x128", 1, 128),
+    ("1x512", 1, 512),
+    ("4x512", 4, 512),
+    ("8x1k", 8, 1024),
+    ("8x4k", 8, 4096),
+    ("32x8k", 32, 8192),
+    ("64x16k", 64, 16384),
+    ("128x32k", 128, 32768),
+]
 METHODS = ("fla", "chunkmeta", "chunkmeta_graph", "chunkmeta_cudagraph")
 # the engine's limits (max_num_seqs, max_num_batched_tokens): the eager builder and the static
 # query_start_loc buffer are sized to them
 ENGINE_MAX_SEQS, ENGINE_MAX_TOKENS = 256, 32768
 HEADS, DIM = 16, 128
 MODEL = HEADS * DIM
-KDA_KW = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-              output_final_state=True)
+KDA_KW = dict(
+    use_qk_l2norm_in_kernel=True,
+    use_beta_sigmoid_in_kernel=True,
+    safe_gate=True,
+    lower_bound=-5.0,
+    output_final_state=True,
+)
 WARMUP_STEPS = 2  # per method: Triton compiles and FLA autotunes here, outside timing and capture
 PROFILED_STEPS = 5
 STEP_LABEL = "step_loop.step"  # the record_function range around each profiled step's host work
@@ -115,10 +128,13 @@ class Engine:
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.batch = workload(num_seqs, num_tokens, seed=num_seqs)
         self.num_seqs, self.num_tokens = num_seqs, num_tokens
-        self.w_in = [torch.randn(MODEL, 4 * MODEL + HEADS, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-                     for _ in range(layers)]
-        self.w_out = [torch.randn(MODEL, MODEL, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-                      for _ in range(layers)]
+        self.w_in = [
+            torch.randn(MODEL, 4 * MODEL + HEADS, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+            for _ in range(layers)
+        ]
+        self.w_out = [
+            torch.randn(MODEL, MODEL, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02 for _ in range(layers)
+        ]
         self.x = torch.randn(num_tokens, MODEL, device="cuda", dtype=torch.bfloat16, generator=gen)
         # the scheduler's buffers: pinned host + static device query_start_loc (engines keep both)
         self.qsl_pinned = torch.zeros(ENGINE_MAX_SEQS + 1, dtype=torch.int32, pin_memory=True)
@@ -131,8 +147,9 @@ class Engine:
         # the whole-step graph's own GraphBuild: its fill is captured inside the step's graph
         self.step_metadata = GraphBuild(bucket, self.qsl_device, pad="tail")
         # FLA wants one initial state per sequence of cu_seqlens: the padded layout's count
-        self.initial_state = torch.zeros(bucket.padded_num_seqs["tail"], HEADS, DIM, DIM, device="cuda",
-                                         dtype=torch.float32)
+        self.initial_state = torch.zeros(
+            bucket.padded_num_seqs["tail"], HEADS, DIM, DIM, device="cuda", dtype=torch.float32
+        )
         self.step_graph = None
         self.step_graph_output = None
 
@@ -148,10 +165,10 @@ class Engine:
         """The step's layers: [input GEMM, KDA through ``attention``, output GEMM] each."""
         h = self.x
         t = h.shape[0]
-        for w_in, w_out in zip(self.w_in, self.w_out):
+        for w_in, w_out in zip(self.w_in, self.w_out, strict=True):
             proj = h @ w_in
-            q, k, v, g = (proj[:, i * MODEL:(i + 1) * MODEL].view(1, t, HEADS, DIM) for i in range(4))
-            beta = proj[:, 4 * MODEL:].view(1, t, HEADS)
+            q, k, v, g = (proj[:, i * MODEL : (i + 1) * MODEL].view(1, t, HEADS, DIM) for i in range(4))
+            beta = proj[:, 4 * MODEL :].view(1, t, HEADS)
             g = -5.0 * torch.sigmoid(g.float()).to(torch.bfloat16)
             o, _ = attention(q, k, v, g, beta)
             h = o.reshape(t, MODEL) @ w_out
@@ -191,11 +208,13 @@ class Engine:
         if method == "fla":
             attention = partial(self.fla_chunk_kda, initial_state=self.initial_state[:n], cu_seqlens=qsl, **KDA_KW)
         elif method == "chunkmeta":
-            attention = partial(kda.chunk_kda, metadata=self.builder.build(qsl, qsl_cpu),
-                                initial_state=self.initial_state[:n], **KDA_KW)
+            attention = partial(
+                kda.chunk_kda, metadata=self.builder.build(qsl, qsl_cpu), initial_state=self.initial_state[:n], **KDA_KW
+            )
         else:
-            attention = partial(kda.chunk_kda, metadata=self.metadata_graph.replay(qsl_cpu),
-                                initial_state=self.initial_state, **KDA_KW)
+            attention = partial(
+                kda.chunk_kda, metadata=self.metadata_graph.replay(qsl_cpu), initial_state=self.initial_state, **KDA_KW
+            )
         return self.forward(attention)
 
 
@@ -236,9 +255,11 @@ def split_steps(steps: list[Span], gpu: list[Span], host: list[Span]):
     starts and ends before the next one starts (the end-of-step wait lies between); its host
     calls lie inside its range, which closes before the end-of-step wait."""
     limits = [s.start for s in steps[1:]] + [math.inf]
-    for step, limit in zip(steps, limits):
-        yield ([g for g in gpu if step.start <= g.start < limit],
-               [h for h in host if step.start <= h.start and h.end <= step.end])
+    for step, limit in zip(steps, limits, strict=True):
+        yield (
+            [g for g in gpu if step.start <= g.start < limit],
+            [h for h in host if step.start <= h.start and h.end <= step.end],
+        )
 
 
 def covered_us(spans: list[Span]) -> float:
@@ -263,8 +284,9 @@ def idle_after(t: float, gpu: list[Span]) -> float:
 def step_metrics(gpu: list[Span], host: list[Span]) -> dict:
     """One step's DtoH copies and host blocked time (see the docstring)."""
     dtoh = [g for g in gpu if "dtoh" in g.name.lower()]
-    waits = [h for h in host if "synchronize" in h.name.lower()
-             or any(h.start < d.end and d.start < h.end for d in dtoh)]
+    waits = [
+        h for h in host if "synchronize" in h.name.lower() or any(h.start < d.end and d.start < h.end for d in dtoh)
+    ]
     return {"dtoh_copies_per_step": len(dtoh), "host_blocked_us": covered_us(waits)}
 
 
@@ -313,7 +335,7 @@ def split_at_step_copies(gpu: list[Span], steps: int) -> list[list[Span]]:
         return []
     k = len(htod) // steps
     starts = [htod[i * k].start for i in range(steps)] + [math.inf]
-    return [[g for g in gpu if a <= g.start < b] for a, b in zip(starts, starts[1:])]
+    return [[g for g in gpu if a <= g.start < b] for a, b in zip(starts, starts[1:], strict=False)]
 
 
 def gpu_timeline_metrics(gpu: list[Span], steps: int) -> dict:
@@ -345,8 +367,14 @@ def profile_method(engine: Engine, method: str) -> dict:
         for _ in range(PROFILED_STEPS):
             engine.step(method)
             stream.synchronize()
-    gpu = sorted((Span(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                  if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda g: g.start)
+    gpu = sorted(
+        (
+            Span(e.name, e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+        ),
+        key=lambda g: g.start,
+    )
     metrics.update(gpu_timeline_metrics(gpu, PROFILED_STEPS))
     return metrics
 
@@ -356,7 +384,7 @@ def run_load(name: str, num_seqs: int, num_tokens: int, layers: int, steps: int)
     unavailable = {}
     try:
         engine.capture_step_graph()
-    except Exception as exc:  # a failed capture is a result to report, not a reason to stop the run
+    except Exception as exc:  # noqa: BLE001  (a failed capture is a result to report, not a reason to stop)
         traceback.print_exc()
         unavailable["chunkmeta_cudagraph"] = f"{type(exc).__name__}: {exc}"
     methods = [m for m in METHODS if m not in unavailable]
@@ -365,28 +393,41 @@ def run_load(name: str, num_seqs: int, num_tokens: int, layers: int, steps: int)
     times = time_steps(engine, methods, steps)
     traces = {m: profile_method(engine, m) for m in methods}
     fla_ms = median(times["fla"])
-    row = {"load": name, "num_seqs": num_seqs, "num_tokens": num_tokens,
-           "graph_capacity": {"max_num_seqs": engine.graph_capacity[0], "max_num_tokens": engine.graph_capacity[1]},
-           "bit_identical": all(identical.values())}
+    row = {
+        "load": name,
+        "num_seqs": num_seqs,
+        "num_tokens": num_tokens,
+        "graph_capacity": {"max_num_seqs": engine.graph_capacity[0], "max_num_tokens": engine.graph_capacity[1]},
+        "bit_identical": all(identical.values()),
+    }
     for method in METHODS:
         if method in unavailable:
             row[method] = {"available": False, "error": unavailable[method]}
             continue
         ms = median(times[method])
-        row[method] = {"available": True, "ms_per_step": ms, "tokens_per_s": num_tokens / ms * 1e3,
-                       "ratio_to_fla": fla_ms / ms, "identical_to_fla": identical[method], **traces[method]}
+        row[method] = {
+            "available": True,
+            "ms_per_step": ms,
+            "tokens_per_s": num_tokens / ms * 1e3,
+            "ratio_to_fla": fla_ms / ms,
+            "identical_to_fla": identical[method],
+            **traces[method],
+        }
     del engine, outputs
     torch.cuda.empty_cache()
     return row
 
 
 def format_table(rows, meta) -> str:
-    lines = [f"# step loop: {meta['device']}, {meta['layers']} layers of [GEMM + FLA KDA (H={HEADS}, K=V={DIM}) + GEMM], "
-             f"bf16, {meta['steps']} steps per method, medians; profiler metrics: medians of {PROFILED_STEPS} "
-             f"profiled steps; {meta['date']}", "",
-             "| load | method | ms/step | tokens/s | speed-up vs fla | DtoH copies/step | sync gap µs/step "
-             "| host blocked µs/step | GPU idle µs/step | output = fla |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# step loop: {meta['device']}, {meta['layers']} layers of [GEMM + FLA KDA (H={HEADS}, K=V={DIM}) + GEMM], "
+        f"bf16, {meta['steps']} steps per method, medians; profiler metrics: medians of {PROFILED_STEPS} "
+        f"profiled steps; {meta['date']}",
+        "",
+        "| load | method | ms/step | tokens/s | speed-up vs fla | DtoH copies/step | sync gap µs/step "
+        "| host blocked µs/step | GPU idle µs/step | output = fla |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         for method in METHODS:
             m = row[method]
@@ -394,10 +435,12 @@ def format_table(rows, meta) -> str:
                 reason = m["error"].splitlines()[0].replace("|", "/")[:120] if m["error"] else "?"
                 lines.append(f"| {row['load']} | {method} | not available: {reason} | | | | | | | |")
                 continue
-            lines.append(f"| {row['load']} | {method} | {m['ms_per_step']:.3f} | {m['tokens_per_s']:,.0f} | "
-                         f"{m['ratio_to_fla']:.3f}x | {m['dtoh_copies_per_step']:g} | {m['sync_gap_us']:.1f} | "
-                         f"{m['host_blocked_us']:.0f} | {m['gpu_idle_us']:.0f} | "
-                         f"{'yes' if m['identical_to_fla'] else 'NO'} |")
+            lines.append(
+                f"| {row['load']} | {method} | {m['ms_per_step']:.3f} | {m['tokens_per_s']:,.0f} | "
+                f"{m['ratio_to_fla']:.3f}x | {m['dtoh_copies_per_step']:g} | {m['sync_gap_us']:.1f} | "
+                f"{m['host_blocked_us']:.0f} | {m['gpu_idle_us']:.0f} | "
+                f"{'yes' if m['identical_to_fla'] else 'NO'} |"
+            )
     return "\n".join(lines)
 
 
@@ -408,10 +451,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--loads", default="all", help="comma-separated load names, or 'all'")
     args = parser.parse_args()
-    loads = LOADS if args.loads == "all" else [l for l in LOADS if l[0] in args.loads.split(",")]
+    loads = LOADS if args.loads == "all" else [load for load in LOADS if load[0] in args.loads.split(",")]
     rows = [run_load(name, n, t, args.layers, args.steps) for name, n, t in loads]
-    figures = {"layers": args.layers, "steps": args.steps, "profiled_steps": PROFILED_STEPS,
-               "engine_capacity": [ENGINE_MAX_SEQS, ENGINE_MAX_TOKENS], "rows": rows}
+    figures = {
+        "layers": args.layers,
+        "steps": args.steps,
+        "profiled_steps": PROFILED_STEPS,
+        "engine_capacity": [ENGINE_MAX_SEQS, ENGINE_MAX_TOKENS],
+        "rows": rows,
+    }
     record = runs.save("step_loop", figures, script="bench/step_loop.py", argv=sys.argv[1:], out=args.out)
     print(format_table(rows, dict(figures, device=record["device"].get("gpu"), date=record["date"])))
     return 0 if all(r["bit_identical"] for r in rows) else 1

@@ -101,9 +101,15 @@ def main(argv=None) -> int:
             ref = reference.chunk_metadata(batch.query_start_loc, 64, batch.first_seq, batch.num_seqs)
         else:
             padded_seqs = builder.padded_num_seqs[pad]
-            ref = reference.padded_chunk_metadata(batch.query_start_loc, 64, padded_seqs, rows,
-                                                  -1 if pad == "negative" else MAX_SEQS, batch.first_seq,
-                                                  batch.num_seqs)
+            ref = reference.padded_chunk_metadata(
+                batch.query_start_loc,
+                64,
+                padded_seqs,
+                rows,
+                -1 if pad == "negative" else MAX_SEQS,
+                batch.first_seq,
+                batch.num_seqs,
+            )
         n_rows, n_cu = len(ref.chunk_indices), len(ref.cu_seqlens)
         if n_rows:
             ref_idx[slot, :n_rows].numpy()[:] = ref.chunk_indices
@@ -113,8 +119,11 @@ def main(argv=None) -> int:
         dev_off[:n_cu].copy_(ref_off[slot, :n_cu], non_blocking=True)
         dev_cu[:n_cu].copy_(ref_cu[slot, :n_cu], non_blocking=True)
         # shapes are host facts: a wrong shape is a mismatch by itself
-        if tuple(md.chunk_indices.shape) != (n_rows, 2) or md.cu_seqlens.shape[0] != n_cu \
-                or (md.num_seqs, md.num_tokens, md.num_chunks) != (ref.num_seqs, ref.num_tokens, ref.num_chunks):
+        if (
+            tuple(md.chunk_indices.shape) != (n_rows, 2)
+            or md.cu_seqlens.shape[0] != n_cu
+            or (md.num_seqs, md.num_tokens, md.num_chunks) != (ref.num_seqs, ref.num_tokens, ref.num_chunks)
+        ):
             mismatches += 1
             continue
         mismatches += (md.chunk_indices != dev_idx[:n_rows]).sum()
@@ -124,16 +133,25 @@ def main(argv=None) -> int:
     total = int(mismatches)  # the one read of the device counter
     elapsed = time.perf_counter() - start
     figures = {
-        "steps": args.steps, "mismatches": total, "kinds": kinds,
-        "seconds": round(elapsed, 1), "steps_per_s": round(args.steps / elapsed),
-        "memory_allocated_start_bytes": memory_start, "memory_allocated_end_bytes": memory(),
+        "steps": args.steps,
+        "mismatches": total,
+        "kinds": kinds,
+        "seconds": round(elapsed, 1),
+        "steps_per_s": round(args.steps / elapsed),
+        "memory_allocated_start_bytes": memory_start,
+        "memory_allocated_end_bytes": memory(),
         "memory_peak_bytes": torch.cuda.max_memory_allocated() if on_cuda else 0,
         "graph_staging_waits": {pad: g.staging_waits for pad, g in graphs.items()},
     }
-    record = runs.save("stress", figures, script="bench/stress.py", argv=sys.argv[1:] if argv is None else argv,
-                       out=args.out)
-    print(json.dumps({"device": record["device"].get("gpu"), **figures, "command": record["command"],
-                      "date": record["date"]}, indent=1))
+    record = runs.save(
+        "stress", figures, script="bench/stress.py", argv=sys.argv[1:] if argv is None else argv, out=args.out
+    )
+    print(
+        json.dumps(
+            {"device": record["device"].get("gpu"), **figures, "command": record["command"], "date": record["date"]},
+            indent=1,
+        )
+    )
     return 0 if total == 0 else 1
 
 

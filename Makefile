@@ -184,11 +184,13 @@ test-wheel:
 	cd $(WHEEL_TEST) && venv/bin/python -c "$$WHEEL_CHECK" tracked.txt
 	cd $(WHEEL_TEST) && venv/bin/python -m chunkmeta --no-fla --repeats 1
 
-# Optional: clang-format the kernel sources with .clang-format (pip install clang-format).
+# Optional: clang-format the kernel sources with .clang-format. Releases break lines differently
+# (14 indents the __launch_bounds__ kernel's signature): the config was tuned with
+# `pip install clang-format==23.1.5`.
 CLANG_FORMAT ?= clang-format
 CSRC := $(wildcard chunkmeta/csrc/*.c chunkmeta/csrc/*.cu chunkmeta/csrc/*.h)
 format-c:
-	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-c: $(CLANG_FORMAT) not found (pip install clang-format)"; exit 1; }
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-c: $(CLANG_FORMAT) not found (pip install clang-format==23.1.5)"; exit 1; }
 	@test -n "$(CSRC)" || { echo "format-c: no sources in chunkmeta/csrc/"; exit 1; }
 	$(CLANG_FORMAT) -i $(CSRC)
 

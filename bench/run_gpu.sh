@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU stages on a CUDA machine; logs and records under $OUT (default ./gpu_out).
 #   bash bench/run_gpu.sh tests benchmarks bench steploop stress demo sweep diagnostics
-#   (TESTS_K=expr: pytest -k for tests; ROUNDS, STEPS, STRESS_STEPS, SWEEP_ARGS: see each stage)
+#   (TESTS_K=expr: pytest -k for tests; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
+#   STRESS_STEPS, SWEEP_ARGS: see each stage)
 # Every stage leaves its record(s) in $OUT/<kind>.runs.jsonl (bench/results.py); at the end they
 # are gathered into $OUT/runs.jsonl. Back on the development machine:
 #   python bench/results.py add <that runs.jsonl> && python bench/results.py render
@@ -48,7 +49,7 @@ for stage in "$@"; do
         | tee "$OUT/pytest_benchmark.log" | tail -40
       rc=${PIPESTATUS[0]}
       record pytest_benchmark "$OUT/pytest_benchmark.json" "bash bench/run_gpu.sh benchmarks" ;;
-    bench) python3 bench/gpu_compare.py --out "$OUT" --rounds "${ROUNDS:-20}" 2>&1 | tee "$OUT/gpu_compare.log"
+    bench) python3 bench/gpu_compare.py --out "$OUT" --rounds "${ROUNDS:-20}" ${COMPARE_ARGS:-} 2>&1 | tee "$OUT/gpu_compare.log"
       rc=${PIPESTATUS[0]} ;;
     steploop) python3 bench/step_loop.py --out "$OUT" --steps "${STEPS:-20}" 2>&1 | tee "$OUT/step_loop.log"
       rc=${PIPESTATUS[0]} ;;

@@ -2,7 +2,7 @@
 
     python bench/results.py render [--check]             bench/RESULTS.md from bench/results/runs.jsonl
     python bench/results.py add FILE... [--commit REV]   append records made on a GPU machine
-    python bench/results.py gather DIR                   DIR/*.runs.jsonl -> DIR/runs.jsonl
+    python bench/results.py gather DIR [--to FILE]       DIR/*.runs.jsonl -> DIR/runs.jsonl (or FILE)
     python bench/results.py record KIND FILE --out DIR --command CMD
                                                          a record from a stage's own output:
                                                          gpu_tests (pytest log), pytest_benchmark
@@ -309,8 +309,8 @@ def add(files: list[str], commit: str | None, data: Path = DATA) -> int:
     return 0
 
 
-def gather(directory: str) -> int:
-    out = Path(directory) / "runs.jsonl"
+def gather(directory: str, to: str | None = None) -> int:
+    out = Path(to) if to else Path(directory) / "runs.jsonl"
     parts = sorted(p for p in Path(directory).glob(f"*{RECORD_SUFFIX}"))
     records = [r for p in parts for r in load(p)]
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -1006,8 +1006,9 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("add", help="append the records of runs.jsonl files made on a GPU machine")
     p.add_argument("files", nargs="+")
     p.add_argument("--commit", help="the commit measured, for records that say unknown or -dirty")
-    p = sub.add_parser("gather", help="collect DIR/*.runs.jsonl into DIR/runs.jsonl")
+    p = sub.add_parser("gather", help="collect DIR/*.runs.jsonl into DIR/runs.jsonl (or --to FILE)")
     p.add_argument("directory")
+    p.add_argument("--to", help="the file to write instead of DIR/runs.jsonl")
     p = sub.add_parser("record", help="a record from a stage's output file")
     p.add_argument("kind", choices=["gpu_tests", "pytest_benchmark", "demo"])
     p.add_argument("file")
@@ -1027,7 +1028,7 @@ def main(argv: list[str]) -> int:
     if args.command == "add":
         return add(args.files, args.commit, args.data)
     if args.command == "gather":
-        return gather(args.directory)
+        return gather(args.directory, args.to)
     return record_from_stage(args.kind, args.file, args.out, args.stage_command)
 
 

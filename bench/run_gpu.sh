@@ -1,10 +1,11 @@
-#!/usr/bin/env bash
-# Run the GPU stages on a CUDA machine; logs and records under $OUT (default ./gpu_out).
+# Run the GPU stages on a CUDA machine.
 #   bash bench/run_gpu.sh tests benchmarks bench steploop stress demo sweep diagnostics
 #   (TESTS_K=expr: pytest -k for tests; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
 #   STRESS_STEPS, SWEEP_ARGS: see each stage)
-# Every stage leaves its record(s) in $OUT/<kind>.runs.jsonl (bench/results.py); at the end they
-# are gathered into $OUT/runs.jsonl. Back on the development machine:
+# Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
+# directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
+# logs.tar.gz (the logs, the benchmark JSON, the plot), since a lent GPU machine returns only a
+# few files. Back on the development machine:
 #   python bench/results.py add <that runs.jsonl> && python bench/results.py render
 # Set CHUNKMETA_COMMIT to the commit being measured: a copied checkout's git metadata can lag.
 # Uses the machine's python3 (torch, triton, pytest, pytest-benchmark); fla-core comes from
@@ -12,6 +13,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
+WORK=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   SITE=$(mktemp -d)
@@ -21,7 +23,7 @@ fi
 # chunkmeta.integrations maps to integrations/: an editable install, or this checkout on the path
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || export PYTHONPATH=$PWD:${PYTHONPATH:-}
-python3 - <<'PY' | tee "$OUT/versions.txt"
+python3 - <<'PY' | tee "$WORK/versions.txt"
 import platform, torch, triton
 from importlib.metadata import version
 print(torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__,
@@ -33,7 +35,7 @@ PY
 
 # A record from a stage's own output (pytest's log, the benchmark JSON, the demo's log).
 record() {  # KIND FILE COMMAND
-  python3 bench/results.py record "$1" "$2" --out "$OUT" --command "$3" || echo "no $1 record: see $2"
+  python3 bench/results.py record "$1" "$2" --out "$WORK" --command "$3" || echo "no $1 record: see $2"
 }
 
 status=0
@@ -41,34 +43,35 @@ for stage in "$@"; do
   echo "=== $stage ==="
   case $stage in
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 ${TESTS_K:+-k "$TESTS_K"} tests bench 2>&1 \
-        | tee "$OUT/gpu_tests.log" | tail -40
+        | tee "$WORK/gpu_tests.log" | tail -40
       rc=${PIPESTATUS[0]}
-      record gpu_tests "$OUT/gpu_tests.log" "${TESTS_K:+TESTS_K=\"$TESTS_K\" }bash bench/run_gpu.sh tests" ;;
+      record gpu_tests "$WORK/gpu_tests.log" "${TESTS_K:+TESTS_K=\"$TESTS_K\" }bash bench/run_gpu.sh tests" ;;
     benchmarks) python3 -m pytest -q -p no:cacheprovider bench/bench_build.py -m "not gpu or gpu" --benchmark-enable \
-        --benchmark-columns=min,median,iqr,rounds --benchmark-json="$OUT/pytest_benchmark.json" 2>&1 \
-        | tee "$OUT/pytest_benchmark.log" | tail -40
+        --benchmark-columns=min,median,iqr,rounds --benchmark-json="$WORK/pytest_benchmark.json" 2>&1 \
+        | tee "$WORK/pytest_benchmark.log" | tail -40
       rc=${PIPESTATUS[0]}
-      record pytest_benchmark "$OUT/pytest_benchmark.json" "bash bench/run_gpu.sh benchmarks" ;;
-    bench) python3 bench/gpu_compare.py --out "$OUT" --rounds "${ROUNDS:-20}" ${COMPARE_ARGS:-} 2>&1 | tee "$OUT/gpu_compare.log"
+      record pytest_benchmark "$WORK/pytest_benchmark.json" "bash bench/run_gpu.sh benchmarks" ;;
+    bench) python3 bench/gpu_compare.py --out "$WORK" --rounds "${ROUNDS:-20}" ${COMPARE_ARGS:-} 2>&1 | tee "$WORK/gpu_compare.log"
       rc=${PIPESTATUS[0]} ;;
-    steploop) python3 bench/step_loop.py --out "$OUT" --steps "${STEPS:-20}" 2>&1 | tee "$OUT/step_loop.log"
+    steploop) python3 bench/step_loop.py --out "$WORK" --steps "${STEPS:-20}" 2>&1 | tee "$WORK/step_loop.log"
       rc=${PIPESTATUS[0]} ;;
-    stress) python3 bench/stress.py --out "$OUT" --steps "${STRESS_STEPS:-100000}" 2>&1 | tee "$OUT/stress.log" | tail -30
+    stress) python3 bench/stress.py --out "$WORK" --steps "${STRESS_STEPS:-100000}" 2>&1 | tee "$WORK/stress.log" | tail -30
       rc=${PIPESTATUS[0]} ;;
-    demo) python3 -m chunkmeta 2>&1 | tee "$OUT/demo.log" | tail -8
+    demo) python3 -m chunkmeta 2>&1 | tee "$WORK/demo.log" | tail -8
       rc=${PIPESTATUS[0]}
-      record demo "$OUT/demo.log" "bash bench/run_gpu.sh demo" ;;
-    sweep) python3 bench/kernel_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/kernel_sweep.log"
+      record demo "$WORK/demo.log" "bash bench/run_gpu.sh demo" ;;
+    sweep) python3 bench/kernel_sweep.py --out "$WORK" ${SWEEP_ARGS:-} 2>&1 | tee "$WORK/kernel_sweep.log"
       rc=${PIPESTATUS[0]} ;;
     diagnostics)  # the launch floor's drift: each in a fresh process (graph_floor needs one)
       rc=0
       for script in launch_floor graph_floor launch_paths; do
-        python3 "bench/$script.py" --out "$OUT" 2>&1 | tee "$OUT/$script.log"
+        python3 "bench/$script.py" --out "$WORK" 2>&1 | tee "$WORK/$script.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || status=1
 done
-python3 bench/results.py gather "$OUT"
+python3 bench/results.py gather "$WORK" --to "$OUT/runs.jsonl"
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" . && rm -rf "$WORK"
 exit $status

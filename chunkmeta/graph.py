@@ -29,7 +29,7 @@ import torch
 
 from chunkmeta import layout as _layout
 from chunkmeta import plan as _plan
-from chunkmeta.builder import ChunkMetadataBuilder
+from chunkmeta.builder import ChunkMetadataBuilder, resolve_backend
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
 
@@ -51,7 +51,11 @@ class GraphBuild:
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
         _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
-        from chunkmeta.fill.triton_fill import TritonFill  # graph mode needs the kernel: it reads params on the device
+        try:  # the kernel reads its params on the device: the Triton kernel only
+            resolve_backend("triton", builder.device)
+        except ChunkMetaError as exc:
+            raise ChunkMetaError(f"GraphBuild needs the Triton kernel: {exc}") from None
+        from chunkmeta.fill.triton_fill import TritonFill
 
         device = builder.device
         cap = builder.capacity

@@ -135,17 +135,30 @@ def test_a_cuda_builder_on_cpu_only_torch_is_a_clear_error():
         ChunkMetadataBuilder(4, 64, device="cuda:1")
 
 
-def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
-    """Triton fixes interpreted or compiled when it is imported, so this runs in a fresh process
-    without TRITON_INTERPRET."""
+def _without_interpreter(code: str) -> str:
+    """stdout of ``code`` run in a fresh process without TRITON_INTERPRET (Triton fixes
+    interpreted or compiled when it is first imported, so this cannot run in the test's own)."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("from chunkmeta import ChunkMetadataBuilder, ChunkMetaError\n"
-            "try:\n    ChunkMetadataBuilder(4, 64, device='cpu', backend='triton')\n"
-            "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "ChunkMetaError: backend='triton' on CPU tensors runs only under Triton's interpreter" in out.stdout, (
-        out.stdout + out.stderr)
+    return out.stdout + out.stderr
+
+
+def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
+    out = _without_interpreter(
+        "from chunkmeta import ChunkMetadataBuilder, ChunkMetaError\n"
+        "try:\n    ChunkMetadataBuilder(4, 64, device='cpu', backend='triton')\n"
+        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
+    assert "ChunkMetaError: backend='triton' on CPU tensors runs only under Triton's interpreter" in out, out
+
+
+def test_graph_mode_on_cpu_without_the_interpreter_is_a_clear_error():
+    out = _without_interpreter(
+        "import torch\nfrom chunkmeta import ChunkMetadataBuilder, ChunkMetaError, GraphBuild\n"
+        "b = ChunkMetadataBuilder(4, 64, device='cpu')\n"
+        "try:\n    GraphBuild(b, torch.zeros(5, dtype=torch.int32))\n"
+        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
+    assert "ChunkMetaError: GraphBuild needs the Triton kernel: backend='triton' on CPU tensors runs only" in out, out

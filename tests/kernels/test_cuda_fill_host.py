@@ -1,22 +1,26 @@
 """The CUDA C fill's logic on the host, on every CI run.
 
-The CUDA C fill (``chunkmeta.fill.cuda_fill``) only runs on an NVIDIA GPU, and the GPU tests
-(tests/core/test_gpu.py) need one. Here its real source, exactly as NVRTC gets it, is compiled by
-the host C++ compiler against tests/support/cuda_host.h, which runs each CUDA thread as a std::thread
-with CUDA's barrier and shuffle semantics, under AddressSanitizer and UBSan. The grid and the
-arguments are chunkmeta.native's, the outputs exactly sized and poisoned, and every table is
-compared with ``chunkmeta.reference``.
+The CUDA C fill (``chunkmeta/csrc/chunk_fill.cu``, launched by ``chunkmeta.fill.cuda_fill``) only
+runs on an NVIDIA GPU, and the GPU tests (tests/core/test_gpu.py) need one. Here the same file and
+its header, ``chunk_fill.h``, are compiled by the host C++ compiler through
+tests/support/cuda_host.cpp, which includes them after tests/support/cuda_host.h (each CUDA thread
+a std::thread, with CUDA's barrier and shuffle semantics), with the kernel's constants as ``-D``
+(``CudaFill.defines``), under AddressSanitizer and UBSan. The grid and the arguments are
+chunkmeta.native's, the outputs exactly sized and poisoned, and every table is compared with
+``chunkmeta.reference``.
 
-Covered: exact and both padded layouts; int32 and int64 offsets (int64 ones past 2^31 too);
-capacities with one to many sequences per thread and a non-power-of-two capacity; the sweep's
-odd launch shapes; decode-first slices, zero-length and one-token sequences, chunk-size
-boundaries, one long prompt, empty slices in the padded layouts. It checks the algorithm,
-memory safety and integer behaviour, not the GPU's timing or its memory model.
+Covered: exact and every padded layout (tail, negative, past_end: ``PAD_CHUNK``); int32 and int64
+offsets (int64 ones past 2^31 too); capacities with one to many sequences per thread and a
+non-power-of-two capacity; the sweep's odd launch shapes; decode-first slices, zero-length and
+one-token sequences, chunk-size boundaries, one long prompt, empty slices in the padded layouts.
+It checks the algorithm, memory safety and integer behaviour, not the GPU's timing or its memory
+model. Without a C++20 compiler (``CXX``, else g++ or clang++) every test here skips, saying so.
 """
 
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -25,13 +29,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chunkmeta import reference
+from chunkmeta import jit, layout, reference
 from chunkmeta.fill import cuda_fill
 from chunkmeta.workloads import from_lengths, random_decode_first
 
-SUPPORT = Path(__file__).parents[1] / "support"  # cuda_host.h, cuda_host_main.h
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+SUPPORT = Path(__file__).parents[1] / "support"  # cuda_host.cpp, cuda_host.h, cuda_host_main.h
+HARNESS = SUPPORT / "cuda_host.cpp"
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+
+
+def cxx() -> list[str]:
+    """The C++ compiler command (``CXX`` split as a shell would, else g++ or clang++), or a skip."""
+    words = shlex.split(os.environ.get("CXX", ""))
+    if words:
+        found = shutil.which(words[0])
+        if found is None:
+            pytest.skip(f"no C++ compiler: CXX={os.environ['CXX']!r} is not an executable on PATH")
+        return [found, *words[1:]]
+    found = shutil.which("g++") or shutil.which("clang++")
+    if found is None:
+        pytest.skip("no C++ compiler: CXX is unset and neither g++ nor clang++ is on PATH")
+    return [found]
 
 
 @functools.cache
@@ -40,24 +58,23 @@ def build_dir() -> Path:
 
 
 @functools.cache
-def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, **shape):
-    """(the fill's launch shape, the compiled host program), or a skip without a C++20 compiler."""
-    if CXX is None:
-        pytest.skip("no C++ compiler (g++ or clang++) here")
+def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, csrc: Path = jit.CSRC, **shape):
+    """(the fill's launch shape, the host program compiled from ``csrc``'s chunk_fill.cu), or a
+    skip without a C++20 compiler."""
+    compiler = cxx()
     fill = cuda_fill.CudaFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, **shape)
-    source = ('#include "cuda_host.h"\n' + cuda_fill._source(qsl_t, fill.defines).decode()
-              + '\n#include "cuda_host_main.h"\n')
-    name = hashlib.sha1(source.encode()).hexdigest()[:16]
-    (build_dir() / f"{name}.cpp").write_text(source)
-    binary = build_dir() / name
-    command = [CXX, "-std=c++20", "-O1", "-g", "-pthread", f"-I{SUPPORT}", str(build_dir() / f"{name}.cpp"), "-o",
-               str(binary)]
-    done = subprocess.run(command[:2] + SANITIZE + command[2:], capture_output=True, text=True)
+    defines = [f"-D{name}={value}" for name, value in (("QSL_T", qsl_t), *fill.defines)]
+    flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{csrc}", f"-I{SUPPORT}", *defines, str(HARNESS)]
+    inputs = [csrc / "chunk_fill.cu", csrc / cuda_fill.HEADER, HARNESS, SUPPORT / "cuda_host.h",
+              SUPPORT / "cuda_host_main.h"]
+    key = hashlib.sha1(repr((compiler, flags, [path.read_bytes() for path in inputs])).encode()).hexdigest()[:16]
+    binary = build_dir() / key
+    done = subprocess.run([*compiler, *SANITIZE, *flags, "-o", str(binary)], capture_output=True, text=True)
     if done.returncode:  # a toolchain without the sanitizers' runtimes: plain, still checked
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run([*compiler, *flags, "-o", str(binary)], capture_output=True, text=True)
     if done.returncode:
         if "barrier" in done.stderr and "No such file" in done.stderr:
-            pytest.skip(f"{CXX} has no C++20 <barrier>")
+            pytest.skip(f"{compiler[0]} has no C++20 <barrier>")
         raise AssertionError(done.stderr[-3000:])
     return fill, binary
 
@@ -75,7 +92,7 @@ def run_fill(binary: Path, cases) -> list[tuple[list, list, list]]:
     results = []
     for k in range(0, len(out), 3):
         cu, offsets, rows = (list(map(int, line.split()[1:])) for line in out[k : k + 3])
-        results.append((cu, offsets, [[i, t] for i, t in zip(rows[::2], rows[1::2])]))
+        results.append((cu, offsets, [[i, t] for i, t in zip(rows[::2], rows[1::2], strict=True)]))
     return results
 
 
@@ -107,8 +124,10 @@ def batches(rng, capacity: int, chunk_size: int, count: int, base: int = 0):
 def check(capacity: int, pad, qsl_t: str, count: int, chunk_size: int = 64, base: int = 0, **shape):
     """Every table of ``count`` batches equals the reference (the exact layout's empty slices
     launch nothing, as in chunkmeta.native, so they are not run)."""
-    fill, binary = host_binary(chunk_size, capacity, pad is not None, qsl_t, **shape)
-    rng = np.random.default_rng(capacity * 31 + len(qsl_t) + (pad == "tail") + 2 * (pad == "negative"))
+    pad_seq, pad_chunk = (0, 0) if pad is None else layout.padding_row(pad, capacity)
+    fill, binary = host_binary(chunk_size, capacity, pad is not None, qsl_t, pad_chunk=pad_chunk, **shape)
+    rng = np.random.default_rng(capacity * 31 + len(qsl_t) + (pad == "tail") + 2 * (pad == "negative")
+                                + 3 * (pad == "past_end"))
     cases, expected = [], []
     for b in batches(rng, capacity, chunk_size, count, base):
         ref = reference.chunk_metadata(b.query_start_loc, chunk_size, b.first_seq, b.num_seqs)
@@ -117,18 +136,18 @@ def check(capacity: int, pad, qsl_t: str, count: int, chunk_size: int = 64, base
                 continue
             cases.append((b.query_start_loc, b.first_seq, b.num_seqs, ref.num_chunks, b.num_seqs, 0))
         else:
-            seqs_out, pad_seq = (capacity + 1, capacity) if pad == "tail" else (capacity, -1)
+            seqs_out = layout.padded_num_seqs(pad, capacity)
             rows = ref.num_chunks + int(rng.integers(0, 2 * fill.block_rows))  # the builder's row capacity
             ref = reference.padded_chunk_metadata(b.query_start_loc, chunk_size, seqs_out, rows, pad_seq,
-                                                  b.first_seq, b.num_seqs)
+                                                  b.first_seq, b.num_seqs, pad_chunk)
             cases.append((b.query_start_loc, b.first_seq, b.num_seqs, rows, seqs_out, pad_seq))
         expected.append((ref.cu_seqlens, ref.chunk_offsets, [list(r) for r in ref.chunk_indices]))
     assert cases
-    for case, want, got in zip(cases, expected, run_fill(binary, cases)):
+    for case, want, got in zip(cases, expected, run_fill(binary, cases), strict=True):
         assert got == want, f"capacity {capacity}, pad {pad}, {qsl_t}, {shape}: case {case[1:]}"
 
 
-@pytest.mark.parametrize("pad", [None, "tail", "negative"])
+@pytest.mark.parametrize("pad", [None, *layout.PADS])
 @pytest.mark.parametrize("capacity", [1, 33, 64, 200, 1024])
 def test_layouts_and_capacities(capacity, pad):
     # 1 and 33: fewer sequences than a warp; 64: one per thread; 200: not a power of two;
@@ -136,7 +155,7 @@ def test_layouts_and_capacities(capacity, pad):
     check(capacity, pad, "int", count=24)
 
 
-@pytest.mark.parametrize("pad", [None, "tail", "negative"])
+@pytest.mark.parametrize("pad", [None, *layout.PADS])
 def test_int64_offsets_past_int32(pad):
     check(200, pad, "long long", count=24, base=3_000_000_000)
 
@@ -165,14 +184,22 @@ def test_a_sequence_near_the_int32_token_limit():
     assert got == (ref.cu_seqlens, ref.chunk_offsets, [list(r) for r in ref.chunk_indices])
 
 
-def test_the_harness_catches_a_wrong_kernel(monkeypatch):
-    """The check is not vacuous: the fill with its search off by one (``<`` for ``<=``) fails."""
-    broken = cuda_fill._SOURCE.replace("const bool in_a = a <= target", "const bool in_a = a < target")
-    assert broken != cuda_fill._SOURCE
-    monkeypatch.setattr(cuda_fill, "_SOURCE", broken)
-    host_binary.cache_clear()
-    try:
-        with pytest.raises(AssertionError):
-            check(64, None, "int", count=8)
-    finally:
-        host_binary.cache_clear()
+def test_past_end_padding_rows_are_pad_chunk():
+    """``PAD_CHUNK`` reaches every padding row: past_end's rows are ``(0, PAST_END_CHUNK)``."""
+    fill, binary = host_binary(64, 4, True, "int", pad_chunk=layout.PAST_END_CHUNK)
+    q = [0, 5, 70, 70, 200]
+    ((cu, offsets, rows),) = run_fill(binary, [(q, 0, 4, 8, 4, 0)])
+    assert rows == [[0, 0], [1, 0], [1, 1], [3, 0], [3, 1], [3, 2], [0, 1 << 20], [0, 1 << 20]]
+    assert (cu, offsets) == ([0, 5, 70, 70, 200], [0, 1, 3, 3, 6])
+
+
+def test_the_harness_catches_a_wrong_kernel(tmp_path):
+    """The check is not vacuous: chunk_fill.cu with its search off by one (``<`` for ``<=``),
+    found first on the include path, fails."""
+    real = (jit.CSRC / "chunk_fill.cu").read_text()
+    broken = real.replace("const bool in_a = a <= target", "const bool in_a = a < target")
+    assert broken != real
+    (tmp_path / "chunk_fill.cu").write_text(broken)
+    shutil.copy(jit.CSRC / cuda_fill.HEADER, tmp_path / cuda_fill.HEADER)
+    with pytest.raises(AssertionError, match="capacity 64, pad None"):
+        check(64, None, "int", count=8, csrc=tmp_path)

@@ -1,6 +1,8 @@
-/* Runs chunkmeta's CUDA C fill (chunkmeta/cuda_fill.py's source, included after this header)
-   on the host, for tests/kernels/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of
-   a grid one after another (the same THREADS threads run every block). It provides exactly what that kernel uses, with CUDA's meaning:
+/* CUDA's built-ins as host code, so that chunkmeta's CUDA C fill (chunkmeta/csrc/chunk_fill.cu,
+   included after this header by cuda_host.cpp) runs on the host, for
+   tests/kernels/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of a grid one
+   after another (the same THREADS threads run every block). It provides exactly what that kernel
+   uses, with CUDA's meaning:
    - threadIdx / blockIdx / gridDim (x only);
    - __syncthreads(): a barrier of the block's threads;
    - __shfl_up_sync(mask, v, d): lane L gets lane L - d's v when L >= d, its own v otherwise;
@@ -9,7 +11,7 @@
      exchange through a buffer between two barriers gives each warp's answer;
    - __shared__: a function-local static, one copy for the block that is running;
    - __global__, __launch_bounds__, __restrict__: nothing.
-   The main program (cuda_host_main) reads cases from stdin and prints the three tables. */
+   The main program (cuda_host_main.h) reads cases from stdin and prints the three tables. */
 #include <algorithm>
 #include <barrier>
 #include <cstdio>

@@ -1,4 +1,4 @@
-/* The host driver for the CUDA C fill (see cuda_host.h), included after the kernel source.
+/* The host driver for the CUDA C fill (see cuda_host.h), included after the kernel (cuda_host.cpp).
    stdin: a case count, then per case a line "n q[0] .. q[n-1]" (query_start_loc) and a line
    "first_seq num_seqs num_rows seqs_out pad_seq", the kernel's scalar arguments as
    chunkmeta.native passes them. The grid is chunkmeta.native's: cdiv(num_rows, BLOCK_ROWS), at

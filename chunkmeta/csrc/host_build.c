@@ -1,0 +1,425 @@
+/* chunkmeta's host build: a CPython extension compiled on first use by chunkmeta.jit (for
+   chunkmeta.native) into $CHUNKMETA_CACHE_DIR. Two jobs:
+   - plan(): one pass over a prefill slice of the host query_start_loc (sizes and the first bad
+     index), for chunkmeta.plan;
+   - make_fill() / build(): a CUDA builder's whole host side of a build in one call: validation,
+     the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
+     chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy.
+   MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
+   different sources never collide in one process. */
+#ifndef MODULE_NAME
+#error "host_build.c: compile with -DMODULE_NAME=<the extension's module name>"
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+
+/* ---- the plan: sum of cdiv(len_i, 2^shift), max len_i, first decreasing index ---------- */
+/* The loops are branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
+   them; only a bad step pays the second loop that finds the index. Differences are taken in
+   unsigned lanes as wide as the offsets: offsets anywhere in the dtype (a caller's garbage
+   included) never overflow a signed value, and with no decrease every difference is a true
+   length. For int32 offsets that means 32-bit lanes: with no decrease the lengths sum to
+   q[n] - q[0] < 2^32, so no sum wraps, and a step with a decrease is rejected whatever the sums
+   read. On x86-64 the loops are also built for AVX2 (picked at load time): the baseline SSE2 has
+   no 32-bit unsigned max, and scalar code costs ~1 ns per sequence. */
+typedef struct { int64_t chunks, longest, bad; } Plan;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define VECTORIZED __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTORIZED
+#endif
+
+#define PLAN(NAME, T, LANE)                                                        \
+  VECTORIZED static Plan NAME(const T *q, int64_t n, int shift) {                  \
+    LANE chunks = 0, longest = 0, round = ((LANE)1 << shift) - 1;                  \
+    int decrease = 0;                                                              \
+    for (int64_t i = 1; i <= n; i++) {                                             \
+      LANE len = (LANE)q[i] - (LANE)q[i - 1];                                      \
+      chunks += (len >> shift) + ((len & round) != 0);                             \
+      longest = len > longest ? len : longest;                                     \
+    }                                                                              \
+    for (int64_t i = 1; i <= n; i++) decrease |= q[i] < q[i - 1];                  \
+    Plan p = {(int64_t)chunks, (int64_t)longest, 0};                               \
+    if (decrease)                                                                  \
+      for (int64_t i = 1; i <= n; i++)                                             \
+        if (q[i] < q[i - 1]) { p.bad = i; break; }                                 \
+    return p;                                                                      \
+  }
+PLAN(plan_i32, int32_t, uint32_t)
+PLAN(plan_i64, int64_t, uint64_t)
+
+static int64_t load(const void *q, int is64, int64_t i) {
+  return is64 ? ((const int64_t *)q)[i] : (int64_t)((const int32_t *)q)[i];
+}
+
+static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
+  return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
+}
+
+/* The arguments as C integers: 0, or nonzero with a Python error set (TypeError for a wrong
+   count or a non-int, OverflowError for a value outside int64). */
+static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, nargs);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < want; i++) {
+    int overflow = 0;
+    out[i] = PyLong_AsLongLongAndOverflow(args[i], &overflow);
+    if (out[i] == -1 && PyErr_Occurred()) return -1;
+    if (overflow) {
+      PyErr_SetString(PyExc_OverflowError, "argument outside int64");
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* plan(address, n, is64, shift) -> (bad_index, num_chunks, max_seqlen) */
+static PyObject *py_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long long a[4];
+  if (int_args(args, nargs, 4, a)) return NULL;
+  if (a[1] < 0 || a[3] < 0 || a[3] > 31) {
+    PyErr_SetString(PyExc_ValueError, "plan: n >= 0 and 0 <= shift <= 31");
+    return NULL;
+  }
+  Plan p = plan_any((const void *)(uintptr_t)a[0], (int)a[2], a[1], (int)a[3]);
+  return Py_BuildValue("(LLL)", (long long)p.bad, (long long)p.chunks, (long long)p.longest);
+}
+
+/* ---- the launch: cuLaunchKernel on a Triton-compiled kernel ------------------------------ */
+typedef int (*LaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, void *, void **, void **);
+typedef int (*FuncGetParamInfo)(void *, size_t, size_t *, size_t *);
+static LaunchKernel launch_kernel = NULL;
+static FuncGetParamInfo param_info = NULL;
+
+#define MAX_SLOTS 64
+#define NUM_ARGS 10     /* qsl, params, cu, indices, offsets (8 B); 5 int32 scalars */
+#define MAX_TRAILING 4  /* scratch pointers Triton appends */
+
+typedef struct {
+  void *function;
+  unsigned block_rows, threads, shared;
+  int trailing, shift, slots;
+  int64_t cap_seqs, cap_tokens, cap_rows;
+  int64_t seqs_out, rows_out; /* padded layouts: fixed sizes; exact layout: -1 (N and NT) */
+  int32_t pad_seq;
+  uint64_t params;
+  uint64_t cu[MAX_SLOTS], indices[MAX_SLOTS], offsets[MAX_SLOTS];
+  int32_t *cu_host[MAX_SLOTS];
+  PyObject *padding; /* ChunkMetadata.padding of this layout: None, "tail" or "negative" */
+} Fill;
+
+static void free_fill(PyObject *capsule) {
+  Fill *f = PyCapsule_GetPointer(capsule, "chunkmeta.fill");
+  Py_XDECREF(f->padding);
+  PyMem_Free(f);
+}
+
+/* bind_cuda() -> bool: find cuLaunchKernel and cuFuncGetParamInfo in the loaded driver. */
+static PyObject *py_bind_cuda(PyObject *self, PyObject *unused) {
+  if (!launch_kernel) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib) {
+      launch_kernel = (LaunchKernel)dlsym(lib, "cuLaunchKernel");
+      param_info = (FuncGetParamInfo)dlsym(lib, "cuFuncGetParamInfo");
+    }
+  }
+  return PyBool_FromLong(launch_kernel != NULL && param_info != NULL);
+}
+
+/* make_fill(function, block_rows, num_warps, shared, shift, cap_seqs, cap_tokens, cap_rows,
+             seqs_out, rows_out, pad_seq, params, slots, padding) -> capsule, or None if the
+   kernel's parameters are not the layout this file packs. slots: sequence of (cu, indices,
+   offsets, cu_host address); padding: the layout's ChunkMetadata.padding. function 0 makes a
+   fill that launches nothing: the host side alone, which is how CPU tests check the C checks
+   and host copy against the Python plan. */
+static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long long a[12];
+  if (nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "make_fill takes 14 arguments");
+    return NULL;
+  }
+  if (int_args(args, 12, 12, a)) return NULL;
+  if (a[1] < 1 || a[2] < 1 || a[4] < 0 || a[4] > 31) {
+    PyErr_SetString(PyExc_ValueError, "make_fill: block_rows >= 1, num_warps >= 1, 0 <= shift <= 31");
+    return NULL;
+  }
+  void *function = (void *)(uintptr_t)a[0];
+  if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
+  /* the expected layout: 5 pointers, 5 int32, then only 8-byte (scratch pointer) parameters */
+  int trailing = 0;
+  for (size_t i = 0; function; i++) {
+    size_t offset = 0, size = 0;
+    if (param_info(function, i, &offset, &size) != 0) {
+      if (i < NUM_ARGS) Py_RETURN_NONE;
+      break;
+    }
+    size_t want = i < 5 ? 8 : (i < NUM_ARGS ? 4 : 8);
+    if (size != want) Py_RETURN_NONE;
+    if (i >= NUM_ARGS && ++trailing > MAX_TRAILING) Py_RETURN_NONE;
+  }
+  PyObject *slots = PySequence_Fast(args[12], "slots must be a sequence");
+  if (!slots) return NULL;
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(slots);
+  if (count < 1 || count > MAX_SLOTS) {
+    Py_DECREF(slots);
+    PyErr_SetString(PyExc_ValueError, "1..64 slots");
+    return NULL;
+  }
+  Fill *f = PyMem_Calloc(1, sizeof(Fill));
+  if (!f) {
+    Py_DECREF(slots);
+    return PyErr_NoMemory();
+  }
+  f->function = function;
+  f->block_rows = (unsigned)a[1];
+  f->threads = 32u * (unsigned)a[2];
+  f->shared = (unsigned)a[3];
+  f->shift = (int)a[4];
+  f->cap_seqs = a[5];
+  f->cap_tokens = a[6];
+  f->cap_rows = a[7];
+  f->seqs_out = a[8];
+  f->rows_out = a[9];
+  f->pad_seq = (int32_t)a[10];
+  f->params = (uint64_t)a[11];
+  f->trailing = trailing;
+  f->slots = (int)count;
+  for (Py_ssize_t s = 0; s < count; s++) {
+    long long p[4];
+    PyObject *item = PySequence_Fast(PySequence_Fast_GET_ITEM(slots, s), "slot must be a sequence");
+    if (!item || PySequence_Fast_GET_SIZE(item) != 4 || int_args(PySequence_Fast_ITEMS(item), 4, 4, p)) {
+      Py_XDECREF(item);
+      Py_DECREF(slots);
+      PyMem_Free(f);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "slot: (cu, indices, offsets, cu_host)");
+      return NULL;
+    }
+    Py_DECREF(item);
+    f->cu[s] = (uint64_t)p[0];
+    f->indices[s] = (uint64_t)p[1];
+    f->offsets[s] = (uint64_t)p[2];
+    f->cu_host[s] = (int32_t *)(uintptr_t)p[3];
+  }
+  Py_DECREF(slots);
+  Py_INCREF(args[13]);
+  f->padding = args[13];
+  PyObject *capsule = PyCapsule_New(f, "chunkmeta.fill", free_fill);
+  if (!capsule) {
+    Py_DECREF(f->padding);
+    PyMem_Free(f);
+  }
+  return capsule;
+}
+
+/* ---- the result: a ChunkMetadata made here ------------------------------------------------ */
+/* The builder's own views and sizes need none of ChunkMetadata's constructor checks, and its
+   attrs __init__ (13 fields, 4 validators) costs more than the launch's arguments: the object
+   is allocated here and its slots set through their member descriptors, as object.__setattr__
+   would. set_metadata_class binds the class once and refuses one whose fields are not slots. */
+#define NUM_FIELDS 13
+static PyTypeObject *metadata_type = NULL;
+static PyObject *metadata_fields[NUM_FIELDS];
+
+/* set_metadata_class(cls, field_names) -> bool */
+static PyObject *py_set_metadata_class(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyType_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "set_metadata_class(cls, field_names)");
+    return NULL;
+  }
+  PyObject *names = PySequence_Fast(args[1], "field_names must be a sequence");
+  if (!names) return NULL;
+  PyObject *found[NUM_FIELDS] = {NULL};
+  int ok = PySequence_Fast_GET_SIZE(names) == NUM_FIELDS;
+  for (Py_ssize_t i = 0; ok && i < NUM_FIELDS; i++) {
+    found[i] = PyObject_GetAttr(args[0], PySequence_Fast_GET_ITEM(names, i));
+    if (!found[i]) PyErr_Clear();
+    ok = found[i] && PyObject_TypeCheck(found[i], &PyMemberDescr_Type);
+  }
+  Py_DECREF(names);
+  if (!ok) {
+    for (int i = 0; i < NUM_FIELDS; i++) Py_XDECREF(found[i]);
+    Py_RETURN_FALSE;
+  }
+  for (int i = 0; i < NUM_FIELDS; i++) {
+    Py_XSETREF(metadata_fields[i], found[i]);
+  }
+  Py_INCREF(args[0]);
+  Py_XSETREF(metadata_type, (PyTypeObject *)args[0]);
+  Py_RETURN_TRUE;
+}
+
+/* A ChunkMetadata with its fields set (new reference), or NULL with an error. values[] are
+   borrowed. */
+static PyObject *new_metadata(PyObject *const *values) {
+  PyObject *md = metadata_type->tp_alloc(metadata_type, 0);
+  if (!md) return NULL;
+  for (int i = 0; i < NUM_FIELDS; i++) {
+    if (Py_TYPE(metadata_fields[i])->tp_descr_set(metadata_fields[i], md, values[i]) < 0) {
+      Py_DECREF(md);
+      return NULL;
+    }
+  }
+  return md;
+}
+
+/* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
+   chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
+   (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu); row_cache: (slot, rows_out)
+   -> chunk_indices), else from its cached_views(slot, seqs_out, rows_out). cu_seqlens and
+   cu_seqlens_cpu are handed out as new objects (a detach() of the cached view): FLA memoizes its
+   helpers by argument identity. 0, or -1 with an error. */
+static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *cached_views, int64_t slot,
+                      int64_t seqs_out, int64_t rows_out, PyObject **out) {
+  PyObject *seq_key = Py_BuildValue("(LL)", (long long)slot, (long long)seqs_out);
+  PyObject *row_key = Py_BuildValue("(LL)", (long long)slot, (long long)rows_out);
+  PyObject *seqs = NULL, *rows = NULL, *cached[4];
+  if (seq_key && row_key) {
+    seqs = PyDict_GetItemWithError(seq_cache, seq_key);
+    if (seqs && !(PyTuple_CheckExact(seqs) && PyTuple_GET_SIZE(seqs) == 3)) seqs = NULL;
+    if (!PyErr_Occurred()) rows = PyDict_GetItemWithError(row_cache, row_key);
+  }
+  Py_XDECREF(seq_key);
+  Py_XDECREF(row_key);
+  if (PyErr_Occurred()) return -1;
+  PyObject *made = NULL;
+  if (seqs && rows) {
+    cached[0] = PyTuple_GET_ITEM(seqs, 0);
+    cached[1] = rows;
+    cached[2] = PyTuple_GET_ITEM(seqs, 1);
+    cached[3] = PyTuple_GET_ITEM(seqs, 2);
+  } else {
+    made = PyObject_CallFunction(cached_views, "LLL", (long long)slot, (long long)seqs_out, (long long)rows_out);
+    if (!made) return -1;
+    if (!(PyTuple_CheckExact(made) && PyTuple_GET_SIZE(made) == 4)) {
+      Py_DECREF(made);
+      PyErr_SetString(PyExc_TypeError, "cached_views must return a 4-tuple");
+      return -1;
+    }
+    for (int i = 0; i < 4; i++) cached[i] = PyTuple_GET_ITEM(made, i);
+  }
+  for (int i = 0; i < 4; i++) Py_INCREF(cached[i]); /* held across the detach() calls below */
+  Py_XDECREF(made);
+  static PyObject *detach = NULL;
+  if (!detach) detach = PyUnicode_InternFromString("detach");
+  out[0] = detach ? PyObject_CallMethodNoArgs(cached[0], detach) : NULL;
+  out[3] = out[0] ? PyObject_CallMethodNoArgs(cached[3], detach) : NULL;
+  out[1] = cached[1];
+  out[2] = cached[2];
+  Py_DECREF(cached[0]);
+  Py_DECREF(cached[3]);
+  if (!out[0] || !out[3]) {
+    for (int i = 0; i < 4; i++) Py_XDECREF(out[i]);
+    return -1;
+  }
+  return 0;
+}
+
+/* build(fill, host_address, host_len, is64, first_seq, num_seqs, qsl, slot, stream, generation,
+         lease, seq_cache, row_cache, cached_views) -> ChunkMetadata, or an int: -1 when the input is invalid
+   (first_seq not an int, num_seqs neither None nor an int >= 0, a bad slice or offsets: nothing
+   was launched or written, and the caller re-plans slowly for the precise error), or the
+   CUresult of a failed launch (nothing written on the host). num_seqs None: the rest of the
+   batch. The result is made before the launch, so nothing can fail once the slot is written. */
+static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "build takes 14 arguments");
+    return NULL;
+  }
+  if (!metadata_type) {
+    PyErr_SetString(PyExc_RuntimeError, "set_metadata_class was not called");
+    return NULL;
+  }
+  Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
+  if (!f) return NULL;
+  long long a[3], b[4], first_seq, num_seqs = -1;
+  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, b)) return NULL;
+  /* exact ints only (a bool or a numpy integer takes the general path and its checks) */
+  if (!PyLong_CheckExact(args[4]) || !(args[5] == Py_None || PyLong_CheckExact(args[5]))) return PyLong_FromLong(-1);
+  int overflow = 0;
+  first_seq = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+  if (!overflow && args[5] != Py_None) num_seqs = PyLong_AsLongLongAndOverflow(args[5], &overflow);
+  if (overflow || (args[5] != Py_None && num_seqs < 0)) return PyLong_FromLong(-1);
+  const char *host = (const char *)(uintptr_t)a[0];
+  int64_t requests = a[1] - 1, first = first_seq, n = num_seqs, slot = b[1];
+  int is64 = (int)a[2];
+  if (n < 0) n = requests - first;
+  /* n is bounded by the capacity before first + n is formed, so the sum cannot overflow */
+  if (first < 0 || first > requests || n < 0 || n > f->cap_seqs || first + n > requests || slot < 0 ||
+      slot >= f->slots)
+    return PyLong_FromLong(-1);
+  const void *q = host + first * (is64 ? 8 : 4);
+  int64_t start = load(q, is64, 0), end = load(q, is64, n);
+  if (start < 0 || end < start || end - start > f->cap_tokens) return PyLong_FromLong(-1);
+  int64_t tokens = end - start; /* no overflow: 0 <= start <= end */
+  Plan p = plan_any(q, is64, n, f->shift);
+  if (p.bad || p.chunks > f->cap_rows) return PyLong_FromLong(-1);
+  int64_t seqs_out = f->seqs_out < 0 ? n : f->seqs_out;
+  int64_t rows_out = f->rows_out < 0 ? p.chunks : f->rows_out;
+
+  PyObject *views[4];
+  if (slot_views(args[11], args[12], args[13], slot, seqs_out, rows_out, views)) return NULL;
+  PyObject *ints[6] = {PyLong_FromLongLong(1LL << f->shift), PyLong_FromLongLong(n), PyLong_FromLongLong(tokens),
+                       PyLong_FromLongLong(p.chunks), PyLong_FromLongLong(p.longest), PyLong_FromLongLong(slot)};
+  PyObject *md = NULL;
+  if (ints[0] && ints[1] && ints[2] && ints[3] && ints[4] && ints[5]) {
+    PyObject *values[NUM_FIELDS] = {views[0], views[3], views[1], views[2], ints[0], ints[1], ints[2],
+                                    ints[3],  ints[4],  f->padding, args[9], args[10], ints[5]};
+    md = new_metadata(values);
+  }
+  for (int i = 0; i < 6; i++) Py_XDECREF(ints[i]);
+  for (int i = 0; i < 4; i++) Py_DECREF(views[i]);
+  if (!md) return NULL;
+
+  if (f->function && (n > 0 || f->seqs_out >= 0)) {
+    uint64_t ptrs[5] = {(uint64_t)b[0], f->params, f->cu[slot], f->indices[slot], f->offsets[slot]};
+    int32_t scalars[5] = {(int32_t)first, (int32_t)n, (int32_t)rows_out, (int32_t)seqs_out, f->pad_seq};
+    uint64_t scratch[MAX_TRAILING] = {0};
+    void *params[NUM_ARGS + MAX_TRAILING];
+    for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
+    for (int i = 0; i < 5; i++) params[5 + i] = &scalars[i];
+    for (int i = 0; i < f->trailing; i++) params[NUM_ARGS + i] = &scratch[i];
+    unsigned grid = rows_out > 0 ? (unsigned)((rows_out + f->block_rows - 1) / f->block_rows) : 1u;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)b[2], params,
+                        NULL);
+    Py_END_ALLOW_THREADS
+    if (err) {
+      Py_DECREF(md);
+      return PyLong_FromLong(err);
+    }
+  }
+  /* the host cu_seqlens: the slice rebased to 0, then zero-length tails up to seqs_out */
+  int32_t *out = f->cu_host[slot];
+  if (is64)
+    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int64_t *)q)[i] - start);
+  else
+    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int32_t *)q)[i] - start);
+  for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
+  return md;
+}
+
+static PyMethodDef methods[] = {
+    {"plan", (PyCFunction)(void (*)(void))py_plan, METH_FASTCALL, "the host plan of a prefill slice"},
+    {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
+    {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
+    {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
+    {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,
+     "the class build() returns"},
+    {NULL, NULL, 0, NULL}};
+
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+#define PASTE_(a, b) a##b
+#define PASTE(a, b) PASTE_(a, b)
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), NULL, -1, methods};
+
+PyMODINIT_FUNC PASTE(PyInit_, MODULE_NAME)(void) { return PyModule_Create(&module); }

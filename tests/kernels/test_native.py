@@ -12,11 +12,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkmeta import ChunkMetadata, ChunkMetaError, native, plan
+from chunkmeta import ChunkMetadata, ChunkMetaError, jit, native, plan
 from strategies import host_offsets
 
+
+def why_not_compiled() -> str:
+    if not jit.enabled(native.SWITCH):
+        return "CHUNKMETA_NATIVE=0"
+    return jit.missing_c_toolchain() or (
+        "the host build did not compile or load (tests/core/test_plan.py::test_compiled_helper_is_built_here fails)")
+
+
 compiled = native.module()
-pytestmark = pytest.mark.skipif(compiled is None, reason="no C compiler / Python headers")
+pytestmark = pytest.mark.skipif(compiled is None, reason=why_not_compiled())
 
 CAP = plan.capacity_for(8, 500, 64)
 SENTINEL = -7

@@ -26,8 +26,10 @@ MIN_CHUNK_SIZE = 16
 MAX_CHUNK_SIZE = 4096
 # The Triton fill holds one program's view of all sequences in registers.
 MAX_NUM_SEQS = 1 << 16
-# Up to this many sequences a Python loop over a list beats the compiled helper's and numpy's
-# per-call overhead (measured on an H200 host).
+# Up to this many sequences the plan loops in Python, where a loop over a list costs less than the
+# fixed per-call overhead of the compiled helper (chunkmeta.native) or of numpy. Speed only: all
+# paths agree (tests/core/test_plan.py). The host plan's timings: bench/RESULTS.md ("Where the
+# host time goes").
 _SMALL_BATCH = 16
 
 _INTEGER_DTYPES = (torch.int32, torch.int64)
@@ -176,8 +178,9 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
     """Sizes of one build; raises ChunkMetaError (via diagnose_step) on any bad input.
 
     With ``address`` (the host array's data address, from ``host_address``) the per-sequence
-    pass of a large batch runs in the compiled helper when it is available; otherwise in Python
-    (small batches) or numpy.
+    pass of a large batch runs in the compiled helper (``chunkmeta.native.module()``, C compiled
+    on first use) when it is available; otherwise in Python (small batches) or numpy. All three
+    give the same sizes and the same errors.
     """
     num_requests = host.shape[0] - 1
     if type(first_seq) is not int:

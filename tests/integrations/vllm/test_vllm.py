@@ -20,6 +20,7 @@ import torch
 import vllm_fake as fake
 from chunkmeta import ChunkMetaError, ChunkMetadataBuilder
 from chunkmeta.integrations import vllm as adapter
+from chunkmeta.integrations.plugin import ImportHook
 from chunkmeta.workloads import random_decode_first
 from checks import no_sync
 
@@ -206,7 +207,7 @@ def test_warm_up_at_construction(monkeypatch, caplog):
     def broken(builder):
         raise RuntimeError("no Triton backend for this device")
 
-    monkeypatch.setattr(adapter, "warm_up", broken)
+    monkeypatch.setattr(adapter.builders, "warm_up", broken)
     with caplog.at_level(logging.WARNING, logger=adapter.logger.name):
         ours = make(cm_class())
     assert ours.chunkmeta is None and "RuntimeError: no Triton backend" in caplog.text
@@ -358,7 +359,7 @@ def test_kimi_k3_rocm_is_wired_when_vllm_imports_it(tmp_path, monkeypatch):
     cls = module.KimiK3ROCmKDABackend.get_builder_cls()
     assert adapter.wrapped_builder(cls) is fake.KimiK3ROCmKDAMetadataBuilder
     assert adapter.pending() == () and module.KimiK3ROCmKDABackend in adapter.installed()
-    assert not [f for f in sys.meta_path if isinstance(f, adapter._OnImport)]
+    assert not [f for f in sys.meta_path if isinstance(f, ImportHook)]
     adapter.uninstall()
     assert module.KimiK3ROCmKDABackend.get_builder_cls() is fake.KimiK3ROCmKDAMetadataBuilder
 
@@ -368,7 +369,7 @@ def test_kimi_k3_rocm_is_wired_when_vllm_imports_it(tmp_path, monkeypatch):
     del sys.modules[name]
     adapter.install(api)
     adapter.uninstall()  # before the import: nothing stays armed
-    assert not [f for f in sys.meta_path if isinstance(f, adapter._OnImport)]
+    assert not [f for f in sys.meta_path if isinstance(f, ImportHook)]
     module = importlib.import_module(name)
     assert module.KimiK3ROCmKDABackend.get_builder_cls() is fake.KimiK3ROCmKDAMetadataBuilder
 
@@ -474,7 +475,7 @@ def plugin_env(monkeypatch):
         loads.append(version)
         return fake.api(version)
 
-    monkeypatch.setattr(adapter, "load_vllm_api", load)
+    monkeypatch.setattr(adapter.interface, "load_vllm_api", load)
     monkeypatch.delenv(adapter.ENV_VAR, raising=False)
     return monkeypatch, loads
 
@@ -507,7 +508,7 @@ def test_plugin_warns_instead_of_failing(plugin_env, caplog):
     assert "CHUNKMETA_VLLM='maybe' is not understood" in caplog.text
 
     monkeypatch.setenv(adapter.ENV_VAR, "1")
-    monkeypatch.setattr(adapter, "load_vllm_api", lambda: fake.api("0.35.0"))
+    monkeypatch.setattr(adapter.interface, "load_vllm_api", lambda: fake.api("0.35.0"))
     adapter.register()
     assert "vLLM 0.35.0 is untested" in caplog.text and adapter.installed() == {}
     monkeypatch.setenv(adapter.ENV_VAR, "force")
@@ -518,14 +519,14 @@ def test_plugin_warns_instead_of_failing(plugin_env, caplog):
     def broken():
         raise ImportError("cannot import name 'GDNAttentionMetadataBuilder'")
 
-    monkeypatch.setattr(adapter, "load_vllm_api", broken)
+    monkeypatch.setattr(adapter.interface, "load_vllm_api", broken)
     adapter.register()
     assert "ImportError: cannot import name" in caplog.text and adapter.installed() == {}
 
 
 def test_plugin_without_vllm_installed_only_warns(monkeypatch, caplog):
     monkeypatch.setenv(adapter.ENV_VAR, "1")
-    monkeypatch.setattr(adapter, "vllm_version", lambda: None)
+    monkeypatch.setattr(adapter.interface, "vllm_version", lambda: None)
     with caplog.at_level(logging.WARNING, logger=adapter.logger.name):
         adapter.register()
     assert "pip install 'chunkmeta[vllm]'" in caplog.text and adapter.installed() == {}

@@ -262,7 +262,7 @@ def test_plugin_through_vllms_loader(monkeypatch, opt_in):
 
 def test_plugin_on_an_untested_vllm_warns_and_leaves_vllm_alone(monkeypatch):
     monkeypatch.setenv(adapter.ENV_VAR, "1")
-    monkeypatch.setattr(adapter, "vllm_version", lambda: "0.34.0")
+    monkeypatch.setattr(adapter.interface, "vllm_version", lambda: "0.34.0")
     adapter.register()  # must not raise: vLLM calls plugins without a guard
     assert adapter.installed() == {}
     assert gdn_attn.GDNAttentionBackend.get_builder_cls() is gdn_attn.GDNAttentionMetadataBuilder

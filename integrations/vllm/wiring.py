@@ -1,0 +1,109 @@
+"""Wiring chunkmeta into the running vLLM: ``install()`` / ``uninstall()`` and the plugin entry point.
+
+``install()`` patches ``get_builder_cls`` of ``GDNAttentionBackend`` and of ``KimiK3ROCmKDABackend``
+(whose layer hard-codes it) to return the chunkmeta builders. Patching the backend class, rather
+than overriding ``GDN_ATTN`` in vLLM's backend registry, keeps the backend's identity
+(``get_name()``, ``full_cls_name()``: the attention-group key), leaves other registry overrides
+alone, and is not defeated by the selector's ``@cache``. The Kimi-K3 module is patched when vLLM
+imports it, never imported here (see ``interface.load_vllm_api``).
+"""
+
+from __future__ import annotations
+
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations import plugin
+from chunkmeta.integrations.vllm import interface
+from chunkmeta.integrations.vllm.builders import chunkmeta_builder_class
+from chunkmeta.integrations.vllm.interface import ENV_VAR, KIMI_ROCM_BACKEND, SUPPORTED_VLLM, VllmApi, logger
+
+_PATCHES = plugin.Patches(logger, "vLLM")
+
+
+def _getter(builder: type):
+    def get_builder_cls():
+        return builder
+
+    get_builder_cls.__qualname__ = f"chunkmeta.get_builder_cls[{builder.__name__}]"
+    return staticmethod(get_builder_cls)
+
+
+def _patch(backend: type, gdn_builder: type) -> type:
+    """Make ``backend.get_builder_cls()`` return the chunkmeta builder over its current builder."""
+    with _PATCHES.lock:
+        patch = _PATCHES.current(backend, "get_builder_cls")
+        if patch is None:
+            base = backend.get_builder_cls()
+            builder = chunkmeta_builder_class(base, reuse_block_table=base is gdn_builder)
+            patch = _PATCHES.apply(backend, "get_builder_cls", _getter(builder))
+        return patch.value.__func__()
+
+
+def _wire_kimi_rocm(gdn_builder: type):
+    def wire(module):
+        backend = getattr(module, KIMI_ROCM_BACKEND)
+        problems = interface.check_backend(backend, gdn_builder)
+        if problems:
+            raise ChunkMetaError("; ".join(problems))
+        _patch(backend, gdn_builder)
+        logger.info("chunkmeta: %s wired to %s", KIMI_ROCM_BACKEND, backend.get_builder_cls().__name__)
+
+    return wire
+
+
+def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tuple[type, ...]:
+    """Route vLLM's GDN and ROCm Kimi-K3 KDA metadata builders through chunkmeta. Idempotent.
+
+    Patches ``get_builder_cls`` of each backend in ``api`` (default: the running vLLM's) to
+    return the chunkmeta builder over the builder it returned before; the Kimi-K3 ROCm backend
+    when vLLM imports its module, if it has not yet. Call it before vLLM builds its attention
+    groups (the plugin, ``register()``, runs early enough in every process). Returns the
+    builder classes installed so far. Raises ``ChunkMetaError`` for a vLLM whose interface
+    differs, or whose version is untested unless ``allow_untested``.
+    """
+    api = api if api is not None else interface.load_vllm_api()
+    interface.GATE.check(api.version, logger, allow_untested=allow_untested)
+    problems = interface.check_api(api)
+    if problems:
+        raise ChunkMetaError(
+            f"vLLM {api.version} does not have the interface chunkmeta patches: {'; '.join(problems)}. "
+            f"Use vllm=={SUPPORTED_VLLM[-1]}."
+        )
+    with _PATCHES.lock:
+        builders = tuple(_patch(backend, api.gdn_builder) for backend in api.backends())
+        if api.kimi_rocm_backend is None and api.kimi_rocm_module is not None:
+            _PATCHES.when_imported(api.kimi_rocm_module, _wire_kimi_rocm(api.gdn_builder))
+    return builders
+
+
+def uninstall() -> None:
+    """Undo ``install()`` (idempotent). Builders vLLM already made keep chunkmeta."""
+    _PATCHES.undo()
+
+
+def installed() -> dict[type, type]:
+    """Backend class -> chunkmeta builder class, for what ``install()`` has patched so far."""
+    return {patch.owner: patch.value.__func__() for patch in _PATCHES.applied()}
+
+
+def pending() -> tuple[str, ...]:
+    """Modules ``install()`` will wire when they are imported."""
+    return _PATCHES.pending()
+
+
+def opt_in(environ=None) -> str | None:
+    """``CHUNKMETA_VLLM``: None (off: unset, 0, false, ...), "on" (1, true, ...) or "force"
+    (on, also for an untested vLLM whose interface matches)."""
+    return plugin.opt_in(ENV_VAR, logger, allow_force=True, environ=environ)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point, called with no arguments in every vLLM process.
+
+    A no-op unless ``CHUNKMETA_VLLM`` opts in. Never raises: vLLM calls plugin functions
+    without a guard, so any failure (an untested version, a changed interface) is logged as a
+    warning and vLLM runs with its own chunk metadata.
+    """
+    builders = plugin.enable(ENV_VAR, logger, "vLLM", lambda force: install(allow_untested=force), allow_force=True)
+    if builders:
+        later = f" (and {', '.join(pending())} when vLLM imports it)" if pending() else ""
+        logger.info("chunkmeta: vLLM chunk metadata built by %s%s", ", ".join(b.__name__ for b in builders), later)

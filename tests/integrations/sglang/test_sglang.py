@@ -133,10 +133,10 @@ def test_hook_generation_is_read_from_the_base():
         sg.hook_generation(object)
     new = sg.chunkmeta_backend(T23.KDAAttnBackend, kind="kda", fla_package=T23.fla)
     old = sg.chunkmeta_backend(T12.KDAAttnBackend, kind="kda", fla_package=T12.fla)
-    assert new.chunkmeta_hooks == "split" and "init_forward_metadata_in_graph" in vars(sg._SplitGraphHooks)
-    assert issubclass(new, sg._SplitGraphHooks) and not issubclass(new, sg._LegacyGraphHooks)
-    assert issubclass(old, sg._LegacyGraphHooks) and not issubclass(old, sg._SplitGraphHooks)
-    assert issubclass(new, sg._PrefillGraphHooks) and not issubclass(old, sg._PrefillGraphHooks)
+    assert new.chunkmeta_hooks == "split" and "init_forward_metadata_in_graph" in vars(sg.backends._SplitGraphHooks)
+    assert issubclass(new, sg.backends._SplitGraphHooks) and not issubclass(new, sg.backends._LegacyGraphHooks)
+    assert issubclass(old, sg.backends._LegacyGraphHooks) and not issubclass(old, sg.backends._SplitGraphHooks)
+    assert issubclass(new, sg.backends._PrefillGraphHooks) and not issubclass(old, sg.backends._PrefillGraphHooks)
     assert new._chunkmeta_kwargs and not old._chunkmeta_kwargs  # chunk_kda takes tables from 0.5.22
     assert sg.chunkmeta_backend(T23.KDAAttnBackend, kind="kda", fla_package=T23.fla) is new
     with pytest.raises(ChunkMetaError, match="kind='mamba'"):
@@ -148,7 +148,7 @@ def test_hook_generation_is_read_from_the_base():
 def test_overrides_keep_the_base_signatures(version, kind):
     base = getattr(TREES[version], f"{kind.upper()}AttnBackend")
     cls = sg.chunkmeta_backend(base, kind=kind, fla_package=TREES[version].fla)
-    overridden = [name for mixin in cls.__mro__ if mixin.__module__ == sg.__name__ and mixin is not cls
+    overridden = [name for mixin in cls.__mro__ if mixin.__module__ == sg.backends.__name__ and mixin is not cls
                   for name, value in vars(mixin).items() if inspect.isfunction(value)]
     checked = 0
     for name in overridden:
@@ -250,7 +250,7 @@ def test_modes_without_chunk_tables(backends, kind, fb):
     forward(backend, extend_batch([100, 5]))
     assert backend.chunkmeta.tables is not None
     backend.init_forward_metadata(fb)
-    assert backend.chunkmeta.tables is None and backend.chunkmeta._served == {}
+    assert backend.chunkmeta.tables is None and backend.chunkmeta.served == {}
     assert backend.forward_metadata.query_start_loc is not None  # the base's own metadata is untouched
     assert backend.chunkmeta.counts["none"] == 1
 
@@ -551,7 +551,7 @@ def test_install_errors():
         import sys
 
         sys.modules["fake_sglang_old"].__version__ = "0.5.8"
-        with pytest.raises(ChunkMetaError, match=r"fake_sglang_old 0\.5\.8: .* supports 0\.5\.9 to 0\.5\.23"):
+        with pytest.raises(ChunkMetaError, match=r"fake_sglang_old 0\.5\.8 is untested .* supports 0\.5\.9 to 0\.5\.23"):
             sg.install("fake_sglang_old")
         sys.modules["fake_sglang_old"].__version__ = "0.5.12"
         del sys.modules["fake_sglang_old.srt.layers.attention.linear.gdn_backend"].GDNAttnBackend
@@ -562,9 +562,9 @@ def test_install_errors():
         sglang_fake.unregister("fake_sglang_old")
 
 
-def test_plugin_is_opt_in(monkeypatch):
+def test_plugin_is_opt_in(monkeypatch, caplog):
     calls = []
-    monkeypatch.setattr(sg, "install", lambda package="sglang": calls.append(package))
+    monkeypatch.setattr(sg.wiring, "install", lambda package="sglang": calls.append(package))
     monkeypatch.delenv("CHUNKMETA_SGLANG", raising=False)
     sg.sglang_plugin()
     monkeypatch.setenv("CHUNKMETA_SGLANG", "0")
@@ -573,6 +573,14 @@ def test_plugin_is_opt_in(monkeypatch):
     monkeypatch.setenv("CHUNKMETA_SGLANG", "1")
     sg.sglang_plugin()
     assert calls == ["sglang"]
+
+    def broken(package="sglang"):
+        raise ChunkMetaError("package='sglang' is not importable")
+
+    monkeypatch.setattr(sg.wiring, "install", broken)
+    with caplog.at_level(logging.WARNING, logger=sg.__name__):
+        sg.sglang_plugin()  # never raises into SGLang's plugin loader
+    assert "not enabled in SGLang, which keeps its own chunk metadata: ChunkMetaError" in caplog.text
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["sglang.srt.plugins"] == {

@@ -29,6 +29,7 @@ from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend  # 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 
 from chunkmeta import reference  # noqa: E402
+from chunkmeta.integrations import plugin  # noqa: E402
 from chunkmeta.integrations import sglang as sg  # noqa: E402
 
 FLA = "sglang.kernels.ops.attention.fla"
@@ -36,7 +37,7 @@ STOCK = {"kda": kda_backend.KDAAttnBackend, "gdn": gdn_backend.GDNAttnBackend}
 
 
 def version():
-    return sg._version_tuple(sg._package_version("sglang"))
+    return plugin.release(sg.package_version("sglang"))
 
 
 def test_installed_version_is_supported():
@@ -54,7 +55,7 @@ def test_hooks_and_signatures_match_sglang(kind):
     cls = sg.chunkmeta_backend(base, kind=kind, fla_package=FLA)
     expected = "split" if version() >= (0, 5, 13) else "legacy"
     assert sg.hook_generation(base) == expected == cls.chunkmeta_hooks
-    names = [name for mixin in cls.__mro__[1:] if mixin.__module__ == sg.__name__
+    names = [name for mixin in cls.__mro__[1:] if mixin.__module__ == sg.backends.__name__
              for name, value in vars(mixin).items() if inspect.isfunction(value)]
     checked = [name for name in names if hasattr(base, name)]
     for name in checked:
@@ -118,7 +119,7 @@ def test_install_uninstall_and_the_plugin_entry_point(monkeypatch):
     monkeypatch.setenv("CHUNKMETA_SGLANG", "1")
     try:
         plugins["chunkmeta"][0]()
-        assert kda_backend.KDAAttnBackend.__module__ == sg.__name__
+        assert kda_backend.KDAAttnBackend.__module__ == sg.backends.__name__
     finally:
         sg.uninstall()
 
@@ -151,7 +152,7 @@ def backend(kind):
     obj.chunkmeta = sg.BackendChunkMeta(device="cpu", max_num_seqs=16, max_num_tokens=4096,
                                         router=cls._chunkmeta_router)
     if cls._chunkmeta_kwargs:
-        sg._add_tables_to_dispatcher(obj)
+        sg.add_tables_to_dispatcher(obj)
     return obj
 
 

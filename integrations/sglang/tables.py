@@ -1,0 +1,381 @@
+"""One forward's chunk tables for SGLang's linear-attention backends.
+
+Layouts (``ForwardTables.layout``)
+  ``"exact"``    ``extend_seq_lens_cpu`` is there (SGLang's own test: not None, one entry per row,
+                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows, bit for bit
+                 (``ChunkMetaService.begin_step``).
+  ``"bounded"``  no trusted host lengths (gpu_only batches, two-batch-overlap children): the host
+                 knows N (``batch_size``: ``query_start_loc`` has N+1 entries) and an upper bound
+                 T on the tokens (``sizing.token_bound``), not the lengths, so not NT. The rows
+                 are ``sizing.chunk_row_bound(N, T)``, filled on the device, which finds the
+                 real NT; rows past it are padding.
+  ``"graph"``    a forward inside a CUDA graph (the split hooks): capacity-shaped static tables,
+                 rewritten in place by the captured in-graph launch.
+  Padding rows are ``(0, PAST_END_CHUNK)``: SGLang's own convention
+  (``srt/layers/attention/linear/kda_prefill_graph.py``, ``_PAD_CHUNK = 1 << 20``), a chunk past
+  the end of sequence 0, on which every varlen FLA chunk kernel does nothing (its
+  ``i_t * BT >= T`` guard or boundary checks). ``cu_seqlens`` stays SGLang's own tensor, so the
+  sequence count the kernels see, and the state indices they read, are unchanged.
+
+DP padding keeps the real ``query_start_loc`` (padded rows are zero-length, at the tail) and pads
+only the token count, which the bounded layout's bound may then exceed: still a bound.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import attrs
+import numpy as np
+import torch
+
+from chunkmeta.batch import StepBatch
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.graph import GraphBuild
+from chunkmeta.integrations.fla import FlaRouter, patch_fla
+from chunkmeta.integrations.sglang import sizing
+from chunkmeta.integrations.sglang.routing import Provider
+from chunkmeta.integrations.sglang.sizing import PAST_END_CHUNK
+from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.service import ChunkMetaService
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SIZE = 64  # SGLang's KDA and GDN chunked prefill both use FLA's 64-token chunks
+# Other chunk sizes SGLang's vendored FLA asks prepare_chunk_indices for (GDN's chunk_fwd_o uses
+# BT = min(64, max(16, next_pow2(T)))): served only when every sequence fits one chunk of that size.
+SMALL_CHUNK_SIZES = (32, 16)
+ACTIVE_DEVICES = ("cuda", "cpu")  # NPU/XPU backends run other kernels: stay out of their way
+
+
+def _logical_mode(forward_batch):
+    """The forward mode of the rows: 0.5.23's DP padding may relabel a decode batch EXTEND
+    (``logical_forward_mode`` says DECODE then); the rows are still decodes."""
+    mode = getattr(forward_batch, "logical_forward_mode", None)
+    return mode if mode is not None else forward_batch.forward_mode
+
+
+def needs_chunk_tables(mode) -> bool:
+    """A forward mode whose linear layers run FLA's chunked prefill.
+
+    Read through SGLang's helpers, never enum values (their numbers moved between releases). EXTEND,
+    MIXED (running decodes are one-token extends appended at the end: every row is a prefill row),
+    SPLIT_PREFILL, DLLM_EXTEND and draft extends get tables; DECODE, IDLE, TARGET_VERIFY and a
+    decode batch relabelled EXTEND by DP padding (see ``_logical_mode``) get none.
+    """
+    if mode is None or mode.is_decode_or_idle() or mode.is_target_verify():
+        return False
+    try:
+        return bool(mode.is_extend(include_draft_extend_v2=True))
+    except TypeError:  # a ForwardMode without the flag
+        return bool(mode.is_extend())
+
+
+@attrs.frozen(slots=True, eq=False, repr=False)
+class ForwardTables:
+    """One forward's chunk tables, keyed by the backend's own ``query_start_loc`` tensor.
+
+    ``query_start_loc`` is what SGLang passes FLA as ``cu_seqlens`` (int32 ``[N+1]``), so it is the
+    ``cu_seqlens`` here too; ``chunk_indices`` int32 ``[num_rows, 2]`` and ``chunk_offsets`` int64
+    ``[>= N+1]`` follow FLA's contract (``chunk_offsets[i]`` is sequence i's first row). For
+    ``"bounded"`` and ``"graph"`` rows past the real count are ``(0, PAST_END_CHUNK)``.
+    ``max_seqlen`` is a host upper bound on any sequence's length (exact for ``"exact"`` and
+    ``"graph"``). ``metadata`` is the core's ChunkMetadata behind the tables (None for
+    ``"bounded"``), whose liveness ``check_live`` checks.
+
+    Exposes the ChunkMetadata fields ``FlaRouter`` reads (``cu_seqlens``, ``chunk_size``,
+    ``padding``, ``check_live``), so the router can serve it.
+    """
+
+    query_start_loc: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    chunk_size: int
+    layout: str
+    num_rows: int
+    max_seqlen: int
+    metadata: ChunkMetadata | None = None
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        return self.query_start_loc
+
+    @property
+    def padding(self) -> str | None:
+        return None if self.layout == "exact" else "past_end"
+
+    def check_live(self) -> ForwardTables:
+        if self.metadata is not None:
+            self.metadata.check_live()
+        return self
+
+    def with_chunk_size(self, chunk_size: int) -> ForwardTables | None:
+        """The same tables under a smaller chunk size, when every sequence fits one chunk of it
+        (each non-empty sequence is then one row at both sizes: the tables are identical)."""
+        if chunk_size == self.chunk_size:
+            return self
+        if chunk_size < self.chunk_size and self.max_seqlen <= chunk_size:
+            return attrs.evolve(self, chunk_size=chunk_size)
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"ForwardTables(layout={self.layout} rows={self.num_rows} C={self.chunk_size} "
+            f"max_seqlen<={self.max_seqlen} N={self.query_start_loc.shape[0] - 1})"
+        )
+
+
+@attrs.frozen(slots=True)
+class _GraphEntry:
+    """Graph mode for one static ``query_start_loc`` buffer (SGLang keeps one per batch size)."""
+
+    graph: GraphBuild
+    chunk_indices: torch.Tensor  # [capacity rows, 2] static: the in-graph fix-up writes it
+    chunk_offsets: torch.Tensor  # static view of the graph's offsets, [N_static + 1]
+
+
+class BackendChunkMeta:
+    """One backend instance's chunk metadata: a ``ChunkMetaService`` for exact builds, graph builds
+    per static ``query_start_loc``, the bounded fill, and the tables of the current forward.
+
+    ``tables`` is bound by every ``init_forward_metadata*`` call and cleared when a forward needs
+    none, so nothing from an earlier forward can be served (consumers also match the tensor).
+    ``served`` maps each chunk size the router may answer for to the tables at that size.
+    """
+
+    def __init__(
+        self, *, device, max_num_seqs: int, max_num_tokens: int, router: FlaRouter | None = None, ring_depth: int = 4
+    ):
+        self.service = ChunkMetaService(
+            max_num_seqs, max_num_tokens, chunk_size=CHUNK_SIZE, device=device, ring_depth=ring_depth
+        )
+        self.device = self.service.builder.device
+        self.capacity = self.service.builder.capacity
+        self.tables: ForwardTables | None = None
+        self.served: dict[int, ForwardTables] = {}
+        self._host_qsl = np.zeros(self.capacity.seqs + 1, dtype=np.int64)  # host query_start_loc scratch
+        self._graphs: dict[int, tuple[torch.Tensor, _GraphEntry]] = {}
+        self._graph_pending: _GraphEntry | None = None
+        self._bounded_fill = None
+        self._pad_row = torch.tensor([[0, PAST_END_CHUNK]], dtype=torch.int32, device=self.device)
+        self._no_params = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.eager_depth = 0  # >0 while the base's eager entry runs (it may call the graph hooks)
+        self.counts = {"exact": 0, "bounded": 0, "graph": 0, "none": 0, "fallback": 0, "kwargs": 0}
+        self._warned: set[str] = set()
+        self._patches = []
+        if router is not None:
+            self._patches = [patch_fla(Provider(self, size), router) for size in (CHUNK_SIZE, *SMALL_CHUNK_SIZES)]
+        self.router = router
+
+    @classmethod
+    def for_backend(cls, backend, model_runner, router: FlaRouter | None) -> BackendChunkMeta | None:
+        """Sized from the runner; None (the backend stays stock) on devices chunkmeta does not serve."""
+        device = torch.device(getattr(backend, "device", None) or model_runner.device)
+        if device.type not in ACTIVE_DEVICES:
+            logger.info("chunkmeta: %s on %s keeps SGLang's own chunk metadata", type(backend).__name__, device)
+            return None
+        max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
+        return cls(device=device, max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, router=router)
+
+    # -- binding -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        if self.service.in_step:
+            self.service.end_step()
+        self.tables = None
+        self.served = {}
+        self._graph_pending = None
+
+    def _bind(self, tables: ForwardTables) -> ForwardTables:
+        self.tables = tables
+        served = {CHUNK_SIZE: tables}
+        for size in SMALL_CHUNK_SIZES:
+            small = tables.with_chunk_size(size)
+            if small is not None:
+                served[size] = small
+        self.served = served
+        self.counts[tables.layout] += 1
+        return tables
+
+    def bind_eager(self, forward_batch, forward_metadata) -> ForwardTables | None:
+        """After the base's eager ``init_forward_metadata``: this forward's tables, or None."""
+        self.clear()
+        qsl = getattr(forward_metadata, "query_start_loc", None)
+        if qsl is None or not needs_chunk_tables(_logical_mode(forward_batch)):
+            self.counts["none"] += 1
+            return None
+        num_rows = qsl.shape[0] - 1
+        lens = sizing.trusted_extend_lens(forward_batch, num_rows)
+        if lens is not None:
+            return self._bind_exact(qsl, lens)
+        return self._bind_bounded(qsl, num_rows, sizing.token_bound(forward_batch, forward_metadata))
+
+    def _bind_exact(self, qsl: torch.Tensor, lens) -> ForwardTables | None:
+        n = len(lens)
+        if n > self.capacity.seqs:
+            return self._fallback("seqs", f"{n} sequences, over the capacity of {self.capacity.seqs}")
+        host = self._host_qsl[: n + 1]
+        if n:
+            np.cumsum(lens, out=host[1:])
+        if host[n] > self.capacity.tokens:
+            return self._fallback("tokens", f"{int(host[n])} tokens, over the capacity of {self.capacity.tokens}")
+        # All rows are prefill rows (MIXED decodes are one-token extends): the whole batch is the slice.
+        md = self.service.begin_step(StepBatch.all_prefill(qsl, host))
+        return self._bind(
+            ForwardTables(
+                qsl, md.chunk_indices, md.chunk_offsets, CHUNK_SIZE, "exact", md.num_chunks, md.max_seqlen, md
+            )
+        )
+
+    def _bind_bounded(self, qsl: torch.Tensor, n: int, token_bound: int | None) -> ForwardTables | None:
+        if token_bound is None:
+            return self._fallback("bound", "no host token count (extend_num_tokens, input_ids) to bound the rows")
+        rows = sizing.chunk_row_bound(n, token_bound)
+        if n > self.capacity.seqs or token_bound > self.capacity.tokens:
+            return self._fallback(
+                "capacity",
+                f"{n} sequences / {token_bound} tokens, over the capacity of "
+                f"{self.capacity.seqs} / {self.capacity.tokens}",
+            )
+        fill = self._fill()
+        if fill is None:
+            return self._fallback("triton", "the bounded layout needs Triton to fill on the device")
+        # Sized to this forward; the caching allocator keeps freed blocks stream-ordered, so a later
+        # forward cannot overwrite them before this forward's kernels have read them.
+        cu = torch.zeros(n + 1, dtype=torch.int32, device=self.device)  # scratch: FLA gets SGLang's own
+        offsets = torch.zeros(n + 1, dtype=torch.int64, device=self.device)
+        raw = torch.empty(rows, 2, dtype=torch.int32, device=self.device)
+        # The kernel finds T and NT on the device: rows [NT, rows) come out as (-1, 0).
+        fill(qsl, self._no_params, cu, raw, offsets, 0, n, rows, n, -1)
+        indices = torch.where(raw[:, :1] < 0, self._pad_row, raw)
+        return self._bind(ForwardTables(qsl, indices, offsets, CHUNK_SIZE, "bounded", rows, token_bound))
+
+    def _fill(self):
+        if self._bounded_fill is None and importlib.util.find_spec("triton") is not None:
+            from chunkmeta.fill.triton_fill import TritonFill
+
+            self._bounded_fill = TritonFill(
+                chunk_size=CHUNK_SIZE, block_seqs=self.capacity.seqs, padded=True, params_on_device=False
+            )
+        return self._bounded_fill
+
+    def _fallback(self, key: str, why: str) -> None:
+        # Serving goes on with FLA's own derivation (correct, with its sync): an optimization must
+        # never take the server down. Say so once per reason, with the fix.
+        self.counts["fallback"] += 1
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(
+                "chunkmeta: a forward has %s; FLA derives its chunk tables itself (one sync). Size with "
+                "CHUNKMETA_SGLANG_MAX_NUM_SEQS / CHUNKMETA_SGLANG_MAX_NUM_TOKENS if this repeats.",
+                why,
+            )
+        return None
+
+    # -- graph mode (split hooks) ---------------------------------------------------------
+
+    def bind_graph(self, forward_batch, forward_metadata, in_capture: bool) -> ForwardTables | None:
+        """Host side of a graph forward, after the base's ``init_forward_metadata_out_graph``."""
+        self.clear()
+        qsl = getattr(forward_metadata, "query_start_loc", None)
+        if qsl is None or not needs_chunk_tables(_logical_mode(forward_batch)):
+            self.counts["none"] += 1
+            return None
+        entry = self._graph_entry(qsl, in_capture)
+        graph = entry.graph
+        static_rows = qsl.shape[0] - 1
+        lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+        if lens is None:
+            if not in_capture:
+                raise ChunkMetaError(
+                    "extend_seq_lens_cpu=None in a CUDA-graph extend replay: the host lengths stage the "
+                    "replayed build; the graph runner must keep them on the ForwardBatch it passes."
+                )
+            lens = [0] * static_rows  # the capture run's outputs are discarded; the launch is what counts
+        n = len(lens)
+        if n > static_rows:
+            raise ChunkMetaError(
+                f"extend_seq_lens_cpu has {n} entries but the static query_start_loc holds {static_rows} rows: "
+                "the graph runner's buffers are smaller than the batch."
+            )
+        host = self._host_qsl[: n + 1]
+        if n:
+            np.cumsum(lens, out=host[1:])
+        # Validates against the capacity (raises before anything is staged), stages (0, n) for the
+        # captured launch; rows past the static buffer's real ones must be zero-length (SGLang's are).
+        md = graph.prepare(host, num_seqs=n)
+        self._graph_pending = entry
+        return self._bind(
+            ForwardTables(
+                qsl, entry.chunk_indices, entry.chunk_offsets, CHUNK_SIZE, "graph", graph.num_rows, md.max_seqlen, md
+            )
+        )
+
+    def _graph_entry(self, qsl: torch.Tensor, in_capture: bool) -> _GraphEntry:
+        found = self._graphs.get(id(qsl))
+        if found is not None and found[0] is qsl:
+            return found[1]
+        if not in_capture:
+            raise ChunkMetaError(
+                "a CUDA-graph extend replay with a query_start_loc buffer chunkmeta did not see at capture: "
+                "install chunkmeta (CHUNKMETA_SGLANG=1 / install()) before SGLang captures its graphs."
+            )
+        if qsl.shape[0] - 1 > self.capacity.seqs:
+            raise ChunkMetaError(
+                f"a CUDA graph captured for {qsl.shape[0] - 1} requests, over chunkmeta's capacity of "
+                f"{self.capacity.seqs}: set CHUNKMETA_SGLANG_MAX_NUM_SEQS to the largest graph batch size."
+            )
+        # Capacity-shaped rows: every batch the capacity admits fits whichever graph replays (graphs of
+        # several token buckets may share one static query_start_loc).
+        graph = GraphBuild(self.service.builder, qsl, pad="negative")
+        entry = _GraphEntry(
+            graph,
+            torch.empty(graph.num_rows, 2, dtype=torch.int32, device=self.device),
+            graph.metadata.chunk_offsets[: qsl.shape[0]],
+        )
+        self._graphs[id(qsl)] = (qsl, entry)  # keeps the buffer alive: its id stays unique
+        return entry
+
+    def launch_graph(self) -> None:
+        """The in-graph side: queue the fill and turn padding rows into SGLang's (0, PAST_END_CHUNK).
+        Static shapes, in place, no allocation of outputs, no sync: safe to capture."""
+        entry = self._graph_pending
+        if entry is None:
+            return
+        entry.graph.launch()
+        raw = entry.graph.metadata.chunk_indices
+        torch.where(raw[:, :1] < 0, self._pad_row, raw, out=entry.chunk_indices)
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def add_table_kwargs(self, query_start_loc, kwargs: dict) -> None:
+        """For ``kernel_dispatcher.extend``: add this forward's tables when the call is this
+        forward's (same ``query_start_loc``) and brings none of its own (SGLang's KDA prefill graph
+        passes its own)."""
+        tables = self.tables
+        if tables is None or query_start_loc is not tables.query_start_loc:
+            return
+        if "chunk_indices" in kwargs or "chunk_offsets" in kwargs:
+            return
+        tables.check_live()
+        kwargs["chunk_indices"] = tables.chunk_indices
+        kwargs["chunk_offsets"] = tables.chunk_offsets
+        self.counts["kwargs"] += 1
+
+    def stats(self) -> dict:
+        """Counters (host data only): forwards per layout, fallbacks, injected calls, router hits
+        and misses (process-wide), and the service's host-time percentiles of exact builds."""
+        out = dict(self.counts)
+        service = self.service.stats()
+        out.update(exact_host_us_p50=service.host_us_p50, exact_host_us_p99=service.host_us_p99)
+        if self.router is not None:
+            out.update(router_hits=self.router.hits, router_misses=self.router.misses)
+        return out
+
+    def close(self) -> None:
+        """Stop serving FLA calls (unregisters from the router)."""
+        self.clear()
+        for patch in self._patches:
+            patch.uninstall()
+        self._patches = []

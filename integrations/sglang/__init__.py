@@ -21,15 +21,10 @@ router is ``chunkmeta.integrations.fla``'s. Nothing here imports SGLang at impor
 
 from chunkmeta.integrations.sglang.backends import KINDS, chunkmeta_backend, hook_generation
 from chunkmeta.integrations.sglang.routing import add_tables_to_dispatcher, chunk_kda_takes_tables, find_fla
-from chunkmeta.integrations.sglang.sizing import (
-    PAST_END_CHUNK,
-    backend_capacity,
-    chunk_row_bound,
-    token_bound,
-    trusted_extend_lens,
-)
+from chunkmeta.integrations.sglang.sizing import backend_capacity, token_bound, trusted_extend_lens
 from chunkmeta.integrations.sglang.tables import (
     CHUNK_SIZE,
+    PAD,
     SMALL_CHUNK_SIZES,
     BackendChunkMeta,
     ForwardTables,
@@ -52,7 +47,7 @@ __all__ = [
     "ENV_VAR",
     "GATE",
     "KINDS",
-    "PAST_END_CHUNK",
+    "PAD",
     "SMALL_CHUNK_SIZES",
     "SUPPORTED_VERSIONS",
     "TARGETS",
@@ -61,7 +56,6 @@ __all__ = [
     "add_tables_to_dispatcher",
     "backend_capacity",
     "chunk_kda_takes_tables",
-    "chunk_row_bound",
     "chunkmeta_backend",
     "find_fla",
     "hook_generation",

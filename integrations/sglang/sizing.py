@@ -13,23 +13,6 @@ import torch
 
 from chunkmeta.errors import ChunkMetaError
 
-# Chunk index of padding rows: past the end of any sequence (64 << 20 tokens), so FLA's varlen
-# chunk kernels return on their `i_t * BT >= T` guard. SGLang's KDA prefill graph uses the same.
-PAST_END_CHUNK = 1 << 20
-
-
-def chunk_row_bound(num_seqs: int, num_tokens: int, chunk_size: int = 64) -> int:
-    """The most chunk rows ``num_seqs`` sequences holding at most ``num_tokens`` tokens can need.
-
-    ``NT = sum_i cdiv(len_i, C) <= sum_i (len_i + C - 1) / C <= (T + N (C - 1)) / C``; NT is an
-    integer, so ``NT <= floor((T + N (C - 1)) / C)`` (reached when every length is 1 mod C), and a
-    row holds at least one token, so ``NT <= T``. ``cdiv(T, C)`` alone is not a bound (two
-    one-token sequences need two rows); ``cdiv(T, C) + N`` is, but looser by up to N rows.
-    """
-    if num_seqs <= 0 or num_tokens <= 0:
-        return 0
-    return min(num_tokens, (num_tokens + num_seqs * (chunk_size - 1)) // chunk_size)
-
 
 def _int(value) -> int | None:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

@@ -1,4 +1,4 @@
-"""One forward's chunk tables for SGLang's linear-attention backends.
+"""One forward's chunk tables for SGLang's linear-attention backends, built by the core.
 
 Layouts (``ForwardTables.layout``)
   ``"exact"``    ``extend_seq_lens_cpu`` is there (SGLang's own test: not None, one entry per row,
@@ -6,16 +6,17 @@ Layouts (``ForwardTables.layout``)
                  (``ChunkMetaService.begin_step``).
   ``"bounded"``  no trusted host lengths (gpu_only batches, two-batch-overlap children): the host
                  knows N (``batch_size``: ``query_start_loc`` has N+1 entries) and an upper bound
-                 T on the tokens (``sizing.token_bound``), not the lengths, so not NT. The rows
-                 are ``sizing.chunk_row_bound(N, T)``, filled on the device, which finds the
-                 real NT; rows past it are padding.
-  ``"graph"``    a forward inside a CUDA graph (the split hooks): capacity-shaped static tables,
-                 rewritten in place by the captured in-graph launch.
-  Padding rows are ``(0, PAST_END_CHUNK)``: SGLang's own convention
+                 T on the tokens (``sizing.token_bound``), not the lengths, so not NT. The core's
+                 ``build_bounded`` sizes the rows from N and T
+                 (``chunkmeta.layout.chunk_row_bound``) and the device finds the real NT.
+  ``"graph"``    a forward inside a CUDA graph (the split hooks): the core's ``GraphBuild``,
+                 capacity-shaped static tables rewritten in place by the captured launch.
+  Padding rows are ``(0, PAST_END_CHUNK)`` (``pad="past_end"``): SGLang's own convention
   (``srt/layers/attention/linear/kda_prefill_graph.py``, ``_PAD_CHUNK = 1 << 20``), a chunk past
   the end of sequence 0, on which every varlen FLA chunk kernel does nothing (its
   ``i_t * BT >= T`` guard or boundary checks). ``cu_seqlens`` stays SGLang's own tensor, so the
-  sequence count the kernels see, and the state indices they read, are unchanged.
+  sequence count the kernels see, and the state indices they read, are unchanged. The core writes
+  every table; the adapter only hands SGLang's tensors over and reads host ints.
 
 DP padding keeps the real ``query_start_loc`` (padded rows are zero-length, at the tail) and pads
 only the token count, which the bounded layout's bound may then exceed: still a bound.
@@ -23,26 +24,26 @@ only the token count, which the bounded layout's bound may then exceed: still a 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import attrs
 import numpy as np
 import torch
 
+from chunkmeta import layout
 from chunkmeta.batch import StepBatch
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.graph import GraphBuild
 from chunkmeta.integrations.fla import FlaRouter, patch_fla
 from chunkmeta.integrations.sglang import sizing
 from chunkmeta.integrations.sglang.routing import Provider
-from chunkmeta.integrations.sglang.sizing import PAST_END_CHUNK
 from chunkmeta.metadata import ChunkMetadata
 from chunkmeta.service import ChunkMetaService
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 64  # SGLang's KDA and GDN chunked prefill both use FLA's 64-token chunks
+PAD = "past_end"  # SGLang's padding rows, (0, chunkmeta.layout.PAST_END_CHUNK)
 # Other chunk sizes SGLang's vendored FLA asks prepare_chunk_indices for (GDN's chunk_fwd_o uses
 # BT = min(64, max(16, next_pow2(T)))): served only when every sequence fits one chunk of that size.
 SMALL_CHUNK_SIZES = (32, 16)
@@ -81,8 +82,8 @@ class ForwardTables:
     ``[>= N+1]`` follow FLA's contract (``chunk_offsets[i]`` is sequence i's first row). For
     ``"bounded"`` and ``"graph"`` rows past the real count are ``(0, PAST_END_CHUNK)``.
     ``max_seqlen`` is a host upper bound on any sequence's length (exact for ``"exact"`` and
-    ``"graph"``). ``metadata`` is the core's ChunkMetadata behind the tables (None for
-    ``"bounded"``), whose liveness ``check_live`` checks.
+    ``"graph"``). ``metadata`` is the core's ChunkMetadata behind the tables, whose liveness
+    ``check_live`` checks.
 
     Exposes the ChunkMetadata fields ``FlaRouter`` reads (``cu_seqlens``, ``chunk_size``,
     ``padding``, ``check_live``), so the router can serve it.
@@ -95,7 +96,7 @@ class ForwardTables:
     layout: str
     num_rows: int
     max_seqlen: int
-    metadata: ChunkMetadata | None = None
+    metadata: ChunkMetadata
 
     @property
     def cu_seqlens(self) -> torch.Tensor:
@@ -103,11 +104,10 @@ class ForwardTables:
 
     @property
     def padding(self) -> str | None:
-        return None if self.layout == "exact" else "past_end"
+        return None if self.layout == "exact" else PAD
 
     def check_live(self) -> ForwardTables:
-        if self.metadata is not None:
-            self.metadata.check_live()
+        self.metadata.check_live()
         return self
 
     def with_chunk_size(self, chunk_size: int) -> ForwardTables | None:
@@ -131,13 +131,15 @@ class _GraphEntry:
     """Graph mode for one static ``query_start_loc`` buffer (SGLang keeps one per batch size)."""
 
     graph: GraphBuild
-    chunk_indices: torch.Tensor  # [capacity rows, 2] static: the in-graph fix-up writes it
-    chunk_offsets: torch.Tensor  # static view of the graph's offsets, [N_static + 1]
+    # The graph's chunk_offsets has an entry per capacity sequence; FLA reads it by the rows of
+    # SGLang's static query_start_loc, whose padding rows are zero-length tails. Made once: the
+    # static tensors never move.
+    chunk_offsets: torch.Tensor
 
 
 class BackendChunkMeta:
-    """One backend instance's chunk metadata: a ``ChunkMetaService`` for exact builds, graph builds
-    per static ``query_start_loc``, the bounded fill, and the tables of the current forward.
+    """One backend instance's chunk metadata: a ``ChunkMetaService`` for exact builds, its builder's
+    bounded builds, a ``GraphBuild`` per static ``query_start_loc``, and the current forward's tables.
 
     ``tables`` is bound by every ``init_forward_metadata*`` call and cleared when a forward needs
     none, so nothing from an earlier forward can be served (consumers also match the tensor).
@@ -156,13 +158,17 @@ class BackendChunkMeta:
         self.served: dict[int, ForwardTables] = {}
         self._host_qsl = np.zeros(self.capacity.seqs + 1, dtype=np.int64)  # host query_start_loc scratch
         self._graphs: dict[int, tuple[torch.Tensor, _GraphEntry]] = {}
-        self._graph_pending: _GraphEntry | None = None
-        self._bounded_fill = None
-        self._pad_row = torch.tensor([[0, PAST_END_CHUNK]], dtype=torch.int32, device=self.device)
-        self._no_params = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self._graph_pending: GraphBuild | None = None
         self.eager_depth = 0  # >0 while the base's eager entry runs (it may call the graph hooks)
         self.counts = {"exact": 0, "bounded": 0, "graph": 0, "none": 0, "fallback": 0, "kwargs": 0}
         self._warned: set[str] = set()
+        # A builder too large for (0, PAST_END_CHUNK) rows (a sequence could reach that chunk) gets
+        # no padded layouts; its forwards without host lengths, and graph extends, keep SGLang's path.
+        self._no_padding: str | None = None
+        try:
+            layout.check_pad(PAD, layout.PADS, self.capacity.tokens, CHUNK_SIZE)
+        except ChunkMetaError as exc:
+            self._no_padding = str(exc)
         self._patches = []
         if router is not None:
             self._patches = [patch_fla(Provider(self, size), router) for size in (CHUNK_SIZE, *SMALL_CHUNK_SIZES)]
@@ -231,34 +237,22 @@ class BackendChunkMeta:
     def _bind_bounded(self, qsl: torch.Tensor, n: int, token_bound: int | None) -> ForwardTables | None:
         if token_bound is None:
             return self._fallback("bound", "no host token count (extend_num_tokens, input_ids) to bound the rows")
-        rows = sizing.chunk_row_bound(n, token_bound)
+        if self._no_padding is not None:
+            return self._fallback("padding", self._no_padding)
         if n > self.capacity.seqs or token_bound > self.capacity.tokens:
             return self._fallback(
                 "capacity",
                 f"{n} sequences / {token_bound} tokens, over the capacity of "
                 f"{self.capacity.seqs} / {self.capacity.tokens}",
             )
-        fill = self._fill()
-        if fill is None:
-            return self._fallback("triton", "the bounded layout needs Triton to fill on the device")
-        # Sized to this forward; the caching allocator keeps freed blocks stream-ordered, so a later
-        # forward cannot overwrite them before this forward's kernels have read them.
-        cu = torch.zeros(n + 1, dtype=torch.int32, device=self.device)  # scratch: FLA gets SGLang's own
-        offsets = torch.zeros(n + 1, dtype=torch.int64, device=self.device)
-        raw = torch.empty(rows, 2, dtype=torch.int32, device=self.device)
-        # The kernel finds T and NT on the device: rows [NT, rows) come out as (-1, 0).
-        fill(qsl, self._no_params, cu, raw, offsets, 0, n, rows, n, -1)
-        indices = torch.where(raw[:, :1] < 0, self._pad_row, raw)
-        return self._bind(ForwardTables(qsl, indices, offsets, CHUNK_SIZE, "bounded", rows, token_bound))
-
-    def _fill(self):
-        if self._bounded_fill is None and importlib.util.find_spec("triton") is not None:
-            from chunkmeta.fill.triton_fill import TritonFill
-
-            self._bounded_fill = TritonFill(
-                chunk_size=CHUNK_SIZE, block_seqs=self.capacity.seqs, padded=True, params_on_device=False
+        # In the builder's ring, like the exact builds: one build per forward, so a forward's
+        # tables stay intact for ring_depth - 1 later forwards (the service's ring rule).
+        md = self.service.builder.build_bounded(qsl, num_seqs=n, max_num_tokens=token_bound, pad=PAD)
+        return self._bind(
+            ForwardTables(
+                qsl, md.chunk_indices, md.chunk_offsets, CHUNK_SIZE, "bounded", md.num_chunks, md.max_seqlen, md
             )
-        return self._bounded_fill
+        )
 
     def _fallback(self, key: str, why: str) -> None:
         # Serving goes on with FLA's own derivation (correct, with its sync): an optimization must
@@ -282,6 +276,8 @@ class BackendChunkMeta:
         if qsl is None or not needs_chunk_tables(_logical_mode(forward_batch)):
             self.counts["none"] += 1
             return None
+        if self._no_padding is not None:
+            return self._fallback("padding", self._no_padding)
         entry = self._graph_entry(qsl, in_capture)
         graph = entry.graph
         static_rows = qsl.shape[0] - 1
@@ -305,10 +301,10 @@ class BackendChunkMeta:
         # Validates against the capacity (raises before anything is staged), stages (0, n) for the
         # captured launch; rows past the static buffer's real ones must be zero-length (SGLang's are).
         md = graph.prepare(host, num_seqs=n)
-        self._graph_pending = entry
+        self._graph_pending = graph
         return self._bind(
             ForwardTables(
-                qsl, entry.chunk_indices, entry.chunk_offsets, CHUNK_SIZE, "graph", graph.num_rows, md.max_seqlen, md
+                qsl, md.chunk_indices, entry.chunk_offsets, CHUNK_SIZE, "graph", graph.num_rows, md.max_seqlen, md
             )
         )
 
@@ -328,24 +324,16 @@ class BackendChunkMeta:
             )
         # Capacity-shaped rows: every batch the capacity admits fits whichever graph replays (graphs of
         # several token buckets may share one static query_start_loc).
-        graph = GraphBuild(self.service.builder, qsl, pad="negative")
-        entry = _GraphEntry(
-            graph,
-            torch.empty(graph.num_rows, 2, dtype=torch.int32, device=self.device),
-            graph.metadata.chunk_offsets[: qsl.shape[0]],
-        )
+        graph = GraphBuild(self.service.builder, qsl, pad=PAD)
+        entry = _GraphEntry(graph, graph.metadata.chunk_offsets[: qsl.shape[0]])
         self._graphs[id(qsl)] = (qsl, entry)  # keeps the buffer alive: its id stays unique
         return entry
 
     def launch_graph(self) -> None:
-        """The in-graph side: queue the fill and turn padding rows into SGLang's (0, PAST_END_CHUNK).
-        Static shapes, in place, no allocation of outputs, no sync: safe to capture."""
-        entry = self._graph_pending
-        if entry is None:
-            return
-        entry.graph.launch()
-        raw = entry.graph.metadata.chunk_indices
-        torch.where(raw[:, :1] < 0, self._pad_row, raw, out=entry.chunk_indices)
+        """The in-graph side: queue the core's captured fill, which writes every table and its padding
+        rows. Static shapes, in place, no allocation, no sync: safe to capture."""
+        if self._graph_pending is not None:
+            self._graph_pending.launch()
 
     # -- consumers -----------------------------------------------------------------------
 

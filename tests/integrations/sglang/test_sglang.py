@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from chunkmeta import ChunkMetaError, reference
+from chunkmeta import ChunkMetaError, layout, reference
 from checks import no_sync
 import sglang_fake
 from sglang_fake import ForwardMode, decode_batch, extend_batch, mixed_batch
 
 sg = pytest.importorskip("chunkmeta.integrations.sglang")
-PAST_END = sg.PAST_END_CHUNK
+PAST_END = layout.PAST_END_CHUNK
 
 T23 = sglang_fake.register("fake_sglang_0523", "0.5.23")
 T21 = sglang_fake.register("fake_sglang_0521", "0.5.21")
@@ -90,19 +90,6 @@ BATCHES = [[128, 256], [128, 257], [300], [1, 64, 65, 129], [5, 70, 1, 1], [64],
 
 
 # -- sizes ------------------------------------------------------------------------------------
-
-def test_chunk_row_bound_is_a_bound_and_tight():
-    rng = np.random.default_rng(0)
-    for _ in range(2000):
-        n = int(rng.integers(1, 9))
-        lens = rng.integers(0, 300, size=n)
-        nt = int(sum(-(-int(x) // 64) for x in lens))
-        assert nt <= sg.chunk_row_bound(n, int(lens.sum()))
-    # reached when every length is 1 mod 64; cdiv(T, C) alone is not a bound
-    assert sg.chunk_row_bound(3, 65 + 1 + 129) == 2 + 1 + 3
-    assert sg.chunk_row_bound(2, 2) == 2 > -(-2 // 64)
-    assert sg.chunk_row_bound(0, 100) == 0 and sg.chunk_row_bound(4, 0) == 0
-
 
 def test_backend_capacity(monkeypatch):
     runner = sglang_fake.model_runner(max_running_requests=32, chunked_prefill_size=8192, max_prefill_tokens=16384)
@@ -308,7 +295,7 @@ def test_missing_host_lengths_give_the_bounded_layout(backends, kind):
     run = forward(backend, extend_batch(lens, host_lens=False))
     tables = backend.chunkmeta.tables
     assert_tables(tables, lens, layout="bounded")
-    assert tables.num_rows == sg.chunk_row_bound(5, sum(lens))
+    assert tables.num_rows == layout.chunk_row_bound(5, sum(lens), 64)
     assert run.chunk_indices is tables.chunk_indices
     assert T23.state["fla_syncs"] == 0 and T23.state["base_syncs"] == 1
 
@@ -320,12 +307,12 @@ def test_bounded_layout_bounds(backends):
     forward(backend, extend_batch(lens, host_lens=False, num_tokens=300))
     tables = backend.chunkmeta.tables
     assert_tables(tables, lens, layout="bounded")
-    assert tables.num_rows == sg.chunk_row_bound(2, 300) and T12.state["base_syncs"] == 0
+    assert tables.num_rows == layout.chunk_row_bound(2, 300, 64) and T12.state["base_syncs"] == 0
     # no extend_num_tokens either: the number of input tokens (a host shape)
     fb = extend_batch(lens, host_lens=False)
     fb.extend_num_tokens = None
     forward(backend, fb)
-    assert backend.chunkmeta.tables.num_rows == sg.chunk_row_bound(2, 67)
+    assert backend.chunkmeta.tables.num_rows == layout.chunk_row_bound(2, 67, 64)
     # a two-batch-overlap child: SGLang does not trust its host lengths, nor do we
     backend = backends(T23, "kda")
     forward(backend, extend_batch([100, 28], tbo_child=True))
@@ -343,6 +330,35 @@ def test_capacity_overflow_falls_back_to_fla_once_warned(backends, caplog):
     assert sum("CHUNKMETA_SGLANG_MAX_NUM_SEQS" in r.message for r in caplog.records) == 1
     forward(backend, extend_batch([100, 31]))  # 131 tokens > 128 + 2
     assert backend.chunkmeta.counts["fallback"] == 3
+
+
+def test_builder_too_large_for_past_end_rows_keeps_sglangs_path(backends, monkeypatch, caplog):
+    """(0, PAST_END_CHUNK) padding rows are safe only while no sequence can reach that chunk
+    (max_num_tokens <= PAST_END_CHUNK * 64), and the core refuses them otherwise. Such a backend
+    still serves exact tables; forwards without host lengths and graph extends take SGLang's own
+    path (FLA derives the tables), with one warning."""
+    monkeypatch.setenv("CHUNKMETA_SGLANG_MAX_NUM_TOKENS", str(PAST_END * 64 + 1))
+    backend = graph_backend(backends, T23, "gdn")
+    with caplog.at_level(logging.WARNING, logger=sg.__name__):
+        for lens in ([70, 5], [9, 1, 300]):
+            run = forward(backend, extend_batch(lens, host_lens=False))
+            assert backend.chunkmeta.tables is None
+            assert rows(run.chunk_indices) == reference.chunk_metadata(qsl_of(lens), 64).chunk_indices
+        static = StaticExtend(4, num_tokens=256)
+        backend.init_forward_metadata_out_graph(static.load([64] * 4), in_capture=True)
+        backend.init_forward_metadata_in_graph(static.fb)
+        assert backend.chunkmeta.tables is None
+    assert backend.chunkmeta.counts["fallback"] == 3 and T23.state["fla_syncs"] >= 2
+    assert sum("PAST_END_CHUNK" in r.getMessage() for r in caplog.records) == 1
+    forward(backend, extend_batch([70, 5]))  # host lengths: exact tables, no padding rows needed
+    assert_tables(backend.chunkmeta.tables, [70, 5])
+
+
+def test_padding_rows_are_sglangs_own():
+    """SGLang's KDA prefill graph pads with (0, 1 << 20) (the fake models its host tables)."""
+    assert layout.padding_row(sg.PAD, 16) == (0, 1 << 20)
+    fb = extend_batch([70, 3])
+    assert rows(sglang_fake._host_prefill_tables(fb, "cpu").chunk_indices)[-1] == (0, PAST_END)
 
 
 def test_router_falls_through_for_other_calls(backends):
@@ -637,7 +653,7 @@ def test_gpu_bounded_layout_does_not_sync(backends):
             kept.append((tables.chunk_indices.clone(), tables.chunk_offsets.clone(), tables.num_rows))
     for lens, (indices, offsets, num_rows) in zip(all_lens, kept):
         ref = reference.chunk_metadata(qsl_of(lens), 64)
-        assert num_rows == sg.chunk_row_bound(len(lens), sum(lens))
+        assert num_rows == layout.chunk_row_bound(len(lens), sum(lens), 64)
         assert rows(indices) == ref.chunk_indices + [(0, PAST_END)] * (num_rows - ref.num_chunks)
         assert offsets.tolist() == ref.chunk_offsets
 

@@ -28,7 +28,7 @@ from sglang.srt.layers.attention.linear import gdn_backend, kda_backend  # noqa:
 from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 
-from chunkmeta import reference  # noqa: E402
+from chunkmeta import layout, reference  # noqa: E402
 from chunkmeta.integrations import plugin  # noqa: E402
 from chunkmeta.integrations import sglang as sg  # noqa: E402
 
@@ -70,6 +70,15 @@ def test_hooks_and_signatures_match_sglang(kind):
         # the dispatcher's extend forwards keyword arguments, and the Triton kernel hands them to chunk_kda
         assert "kwargs" in inspect.signature(kda_backend.KDAKernelDispatcher.extend).parameters
         assert sg.chunk_kda_takes_tables(FLA)
+
+
+def test_padding_rows_are_sglangs_own():
+    """chunkmeta's bounded and graph tables pad with the row SGLang's own KDA prefill graph uses."""
+    if version() < (0, 5, 22):
+        pytest.skip("SGLang's KDA prefill graph (and its padding row) came in 0.5.22")
+    from sglang.srt.layers.attention.linear import kda_prefill_graph
+
+    assert layout.padding_row(sg.PAD, 16) == (0, kda_prefill_graph._PAD_CHUNK)
 
 
 def test_capacity_from_sglang_server_args():
@@ -189,7 +198,7 @@ def check(tables, lens, layout):
     assert tables.query_start_loc.tolist() == ref.cu_seqlens
     got = rows(tables.chunk_indices)
     assert got[: ref.num_chunks] == ref.chunk_indices
-    assert got[ref.num_chunks:] == [(0, sg.PAST_END_CHUNK)] * (len(got) - ref.num_chunks)
+    assert got[ref.num_chunks:] == [(0, layout.PAST_END_CHUNK)] * (len(got) - ref.num_chunks)
     assert tables.chunk_offsets.tolist()[: len(lens) + 1] == ref.chunk_offsets
 
 
@@ -207,7 +216,7 @@ def test_sglang_metadata_path_gives_exact_and_bounded_tables(made, kind):
         check(obj.chunkmeta.tables, lens, "exact")
         obj.init_forward_metadata(forward_batch(lens, mode, host_lens=False))  # gpu_only: no host lengths
         check(obj.chunkmeta.tables, lens, "bounded")
-        assert obj.chunkmeta.tables.num_rows == sg.chunk_row_bound(len(lens), sum(lens))
+        assert obj.chunkmeta.tables.num_rows == layout.chunk_row_bound(len(lens), sum(lens), 64)
     decode = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=3, input_ids=torch.zeros(3, dtype=torch.int64),
                           req_pool_indices=torch.arange(3), seq_lens=torch.full((3,), 9),
                           out_cache_loc=torch.zeros(3, dtype=torch.int64), seq_lens_sum=27)

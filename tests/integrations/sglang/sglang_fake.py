@@ -1,11 +1,12 @@
 """A small, faithful model of the SGLang interfaces chunkmeta's SGLang adapter touches.
 
 The CPU tests (tests/integrations/sglang/test_sglang.py) and the GPU tests run the adapter against this model: SGLang
-itself is not installed in ``make test`` (nor installable on the GPU machine). Every class names the
-SGLang file (paths under ``python/sglang/``, 0.5.23 unless noted) whose behaviour it mirrors, reduced
-to the linear-attention metadata path: method names and signatures are SGLang's, bodies are written
-from reading those files (see /work/notes/sglang.md), not copied. ``tests/integrations/sglang/test_sglang_real.py`` checks
-the adapter against the real classes where SGLang is installed (``make test-sglang``).
+itself is not installed in ``make test`` (nor installable on the GPU machine). Each section names the
+SGLang file it mirrors (paths inside the ``sglang`` package, 0.5.23 unless noted) and each class or
+function the SGLang class or function, reduced to the linear-attention metadata path: method names
+and signatures are SGLang's, bodies are written from reading those files, not copied.
+``tests/integrations/sglang/test_sglang_real.py`` checks the adapter against the real classes where
+SGLang is installed (``make test-sglang``).
 
 ``register(root, version)`` puts a module tree with SGLang's module paths under ``root`` into
 ``sys.modules``, so ``chunkmeta.integrations.sglang.install(package=root)`` finds the classes where it
@@ -173,7 +174,7 @@ def extend_batch(lens, *, device="cpu", mode=ForwardMode.EXTEND, prefix_lens=Non
 
 
 def mixed_batch(prefill_lens, num_decodes, *, device="cpu", **kw) -> ForwardBatch:
-    """MIXED (``ScheduleBatch.mix_with_running``, managers/schedule_batch.py): the prefill rows
+    """MIXED (``ScheduleBatch.mix_with_running``, srt/managers/schedule_batch.py): the prefill rows
     first, then every running decode as a one-token extend appended at the end."""
     return extend_batch(list(prefill_lens) + [1] * num_decodes, device=device, mode=ForwardMode.MIXED,
                         prefix_lens=[0] * len(prefill_lens) + [100] * num_decodes, **kw)
@@ -211,7 +212,7 @@ class ForwardMetadata:
     has_mamba_track_mask: bool = False
 
 
-# -- model_executor/model_runner.py, mem_cache/memory_pool.py ---------------------------------------
+# -- srt/model_executor/model_runner.py, srt/mem_cache/memory_pool.py -------------------------------
 
 class ReqToTokenPool:
     """``HybridReqToTokenPool``: request row -> mamba slot (slot 0 is reserved for padded rows)."""
@@ -239,7 +240,7 @@ def model_runner(device="cpu", *, max_running_requests=16, chunked_prefill_size=
                                  model_config=types.SimpleNamespace(context_len=context_len))
 
 
-# -- the vendored FLA (kernels/ops/attention/fla/*.py) -------------------------------------------
+# -- the vendored FLA ({fla}: kernels/ops/attention/fla/, srt/layers/attention/fla/ before 0.5.16) --
 
 @dataclass
 class KernelRun:
@@ -305,7 +306,7 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
     index = _modules(fla_name + ".index")
 
     def tensor_cache(fn):
-        """fla/utils.py tensor_cache: the last 4 calls, keyed on argument identity."""
+        """``tensor_cache`` ({fla}/utils.py): the last 4 calls, keyed on argument identity."""
         entries = []
 
         def cached(*args):
@@ -322,7 +323,7 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
 
     @tensor_cache
     def prepare_chunk_indices(cu_seqlens, chunk_size):
-        """fla/index.py: [NT, 2] (seq, chunk) in cu_seqlens' dtype, from a host read of the chunk
+        """``prepare_chunk_indices`` ({fla}/index.py): [NT, 2] (seq, chunk) in cu_seqlens' dtype, from a host read of the chunk
         counts (FLA's .tolist(): one sync). Its sequence ids count only sequences with rows, so an
         empty sequence before a non-empty one shifts them (SGLang's copy; chunkmeta keeps true ids)."""
         counts = ((cu_seqlens[1:] - cu_seqlens[:-1] + chunk_size - 1) // chunk_size).tolist()
@@ -336,7 +337,8 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
 
     @tensor_cache
     def prepare_chunk_offsets(cu_seqlens, chunk_size):
-        """fla/index.py: exclusive prefix sum of the chunk counts, on the device (int64: cumsum)."""
+        """``prepare_chunk_offsets`` ({fla}/index.py): exclusive prefix sum of the chunk counts, on the
+        device (int64: cumsum)."""
         counts = (cu_seqlens[1:] - cu_seqlens[:-1] + chunk_size - 1) // chunk_size
         return torch.cat([cu_seqlens.new_zeros(1), counts]).cumsum(-1)
 
@@ -352,7 +354,7 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
     fla_kda, fla_chunk, fla_delta_h, fla_chunk_o = (helpers(n) for n in ("kda", "chunk", "chunk_delta_h", "chunk_o"))
 
     def _kda_run(cu_seqlens, chunk_indices, chunk_offsets):
-        # fla/kda.py chunk_kda_fwd: derive the tables once, only if none was passed.
+        # chunk_kda_fwd ({fla}/kda.py): derive the tables once, only if none was passed.
         if chunk_indices is None:
             chunk_indices = fla_kda.prepare_chunk_indices(cu_seqlens, 64)
         if chunk_offsets is None:  # chunk_gated_delta_rule_fwd_h derives it
@@ -373,8 +375,9 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
 
     def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, initial_state_indices=None,
                                cu_seqlens=None, head_first=False, use_qk_l2norm_in_kernel=False, inplace_update=True):
-        """fla/chunk.py (no chunk_indices parameter in any SGLang release): the forward derives the
-        64-token table, chunk_delta_h its offsets, and chunk_fwd_o (chunk_o.py) a table at
+        """``chunk_gated_delta_rule`` ({fla}/chunk.py; no chunk_indices parameter in any SGLang release):
+        the forward derives the 64-token table, chunk_delta_h.py its offsets, and ``chunk_fwd_o``
+        ({fla}/chunk_o.py) a table at
         BT = min(64, max(16, next_pow2(T))) for the T tokens it is given."""
         chunk_indices = fla_chunk.prepare_chunk_indices(cu_seqlens, 64)
         chunk_offsets = fla_delta_h.prepare_chunk_offsets(cu_seqlens, 64)
@@ -601,7 +604,7 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
                                                  extend_seq_lens_cpu=forward_batch.extend_seq_lens_cpu,
                                                  layer_id=layer)
 
-        if kda_takes_tables:  # linear/kda_prefill_graph.py: host-filled static tables
+        if kda_takes_tables:  # srt/layers/attention/linear/kda_prefill_graph.py: host-filled static tables
             def init_prefill_graph_metadata(self, forward_batch):
                 meta = _host_prefill_tables(forward_batch, self.device)
                 self.prefill_graph_metadata = meta
@@ -665,7 +668,7 @@ def register(root: str, version: str = "0.5.23") -> types.SimpleNamespace:
 
 
 def _host_prefill_tables(forward_batch, device):
-    """``KDAPrefillGraphMetadata`` (linear/kda_prefill_graph.py, 0.5.22): tables written on the host
+    """``KDAPrefillGraphMetadata`` (srt/layers/attention/linear/kda_prefill_graph.py, 0.5.22): tables written on the host
     from ``extend_seq_lens_cpu`` and copied over, padding rows (0, 1 << 20)."""
     lens = list(forward_batch.extend_seq_lens_cpu)
     cu = [0]

@@ -4,11 +4,12 @@ Each class mirrors one vLLM class: the same constructor and hook signatures, and
 semantics for what reaches ``_build_chunk_metadata`` (which rows form the prefill slice, its
 rebasing, trailing zero-length padding rows, spec-decode reclassification, which prefill
 backends call the hook). Everything else a real builder does (state indices, conv1d metadata,
-checkpoints, CUDA-graph staging) is left out. Written from vLLM's source (paths relative to the
-``vllm`` package, 0.33.0 wheel) and /work/notes/vllm.md; no vLLM code is copied.
+checkpoints, CUDA-graph staging) is left out. Written from vLLM's source: each section names the
+file it mirrors (paths inside the ``vllm`` package, 0.33.0 wheel) and each class or function the
+vLLM class or function, with its line there; no vLLM code is copied.
 
 vLLM's default path is modelled by FLA's own host helpers (fla-core 0.6.0
-``prepare_chunk_indices`` / ``prepare_chunk_offsets`` on the CPU copy, then a copy to the
+``prepare_chunk_indices`` / ``prepare_chunk_offsets``, ``fla/ops/utils/index.py``, on the CPU copy, then a copy to the
 device), which is what vLLM's vendored FLA computes for every slice vLLM produces (they differ
 only on interior zero-length sequences, which vLLM never produces: its padding rows trail).
 """
@@ -108,7 +109,8 @@ def split_decodes_and_prefills(m: CommonAttentionMetadata) -> tuple[int, int, in
 
 
 def resolve_gdn_prefill_backend(vllm_config) -> str:
-    """``_resolve_gdn_prefill_backend`` (qwen_gdn_linear_attn.py l.148), reduced to the config
+    """``_resolve_gdn_prefill_backend`` (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
+    l.148), reduced to the config
     string; "auto" resolves to "triton" (what it gives on CPU and off SM90/SM10x/ROCm-FlyDSL)."""
     backend = vllm_config.additional_config.get("gdn_prefill_backend", "auto")
     return "triton" if backend == "auto" else backend

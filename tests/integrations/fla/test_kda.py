@@ -6,14 +6,13 @@ exact layout, the tail-padded layout and KDA's use_graph layout, and through pat
 GPU (`-m gpu`): bf16 at realistic shapes, bit-identical, and no sync in the forward.
 """
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from chunkmeta import ChunkMetaError, ChunkMetadataBuilder, ChunkMetaService, StepBatch
-from chunkmeta.workloads import from_lengths
 from checks import no_sync, tensors_for
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, ChunkMetaService, StepBatch
+from chunkmeta.workloads import from_lengths
 
 pytest.importorskip("fla")
 kda = pytest.importorskip("chunkmeta.integrations.kda")
@@ -30,8 +29,13 @@ import fla.ops.kda as fla_kda  # noqa: E402
 H, K = 2, 32
 # two decodes, then prefills of 70, 0 and 130 tokens: T = 200, one zero-length sequence
 BATCH = from_lengths([1, 1, 70, 0, 130], first_seq=2)
-KDA_KW = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-              output_final_state=True)
+KDA_KW = dict(
+    use_qk_l2norm_in_kernel=True,
+    use_beta_sigmoid_in_kernel=True,
+    safe_gate=True,
+    lower_bound=-5.0,
+    output_final_state=True,
+)
 GDN_KW = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
 
 pytestmark = pytest.mark.fla
@@ -44,7 +48,8 @@ def inputs(num_tokens, num_states, device="cpu", dtype=torch.float32, heads=H, d
         return torch.randn(*shape, generator=gen).to(device)
 
     return dict(
-        q=rnd(1, num_tokens, heads, dim).to(dtype), k=rnd(1, num_tokens, heads, dim).to(dtype),
+        q=rnd(1, num_tokens, heads, dim).to(dtype),
+        k=rnd(1, num_tokens, heads, dim).to(dtype),
         v=rnd(1, num_tokens, heads, dim).to(dtype),
         g_kda=(-5.0 * torch.sigmoid(rnd(1, num_tokens, heads, dim))).to(dtype),  # safe_gate: gates in (-5, 0)
         g_gdn=F.logsigmoid(rnd(1, num_tokens, heads)).to(dtype),
@@ -67,14 +72,23 @@ def x():
 
 @pytest.fixture(scope="module")
 def fla_kda_ref(x):
-    return fla_kda.chunk_kda(x["q"], x["k"], x["v"], x["g_kda"], x["beta"], initial_state=x["h0"][:3],
-                             cu_seqlens=fla_cu(BATCH), **KDA_KW)
+    return fla_kda.chunk_kda(
+        x["q"], x["k"], x["v"], x["g_kda"], x["beta"], initial_state=x["h0"][:3], cu_seqlens=fla_cu(BATCH), **KDA_KW
+    )
 
 
 @pytest.fixture(scope="module")
 def fla_gdn_ref(x):
-    return fla_gdn.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_gdn"], torch.sigmoid(x["beta"]),
-                                          initial_state=x["h0"][:3], cu_seqlens=fla_cu(BATCH), **GDN_KW)
+    return fla_gdn.chunk_gated_delta_rule(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g_gdn"],
+        torch.sigmoid(x["beta"]),
+        initial_state=x["h0"][:3],
+        cu_seqlens=fla_cu(BATCH),
+        **GDN_KW,
+    )
 
 
 def builder(**kw):
@@ -83,8 +97,9 @@ def builder(**kw):
 
 def run_kda(x, md, states):
     before = kda.router_hits()
-    o, ht = kda.chunk_kda(x["q"], x["k"], x["v"], x["g_kda"], x["beta"], metadata=md,
-                          initial_state=x["h0"][:states], **KDA_KW)
+    o, ht = kda.chunk_kda(
+        x["q"], x["k"], x["v"], x["g_kda"], x["beta"], metadata=md, initial_state=x["h0"][:states], **KDA_KW
+    )
     assert kda.router_hits() > before, "FLA derived its own metadata instead of using ours"
     return o, ht
 
@@ -115,11 +130,21 @@ def test_kda_use_graph_layout_is_bit_identical(x, fla_kda_ref):
 
 def test_gdn_exact_and_tail_padded_are_bit_identical(x, fla_gdn_ref):
     b = builder()
-    for md, states in ((b.build(*tensors_for(BATCH), first_seq=2), 3),
-                       (b.build_padded(*tensors_for(BATCH), first_seq=2, pad="tail"), 5)):
+    for md, states in (
+        (b.build(*tensors_for(BATCH), first_seq=2), 3),
+        (b.build_padded(*tensors_for(BATCH), first_seq=2, pad="tail"), 5),
+    ):
         before = kda.router_hits()
-        o, ht = kda.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_gdn"], torch.sigmoid(x["beta"]),
-                                           metadata=md, initial_state=x["h0"][:states], **GDN_KW)
+        o, ht = kda.chunk_gated_delta_rule(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g_gdn"],
+            torch.sigmoid(x["beta"]),
+            metadata=md,
+            initial_state=x["h0"][:states],
+            **GDN_KW,
+        )
         assert kda.router_hits() > before  # chunk_offsets came from us too
         assert torch.equal(o, fla_gdn_ref[0]) and torch.equal(ht[:3], fla_gdn_ref[1])
 
@@ -133,8 +158,16 @@ def test_patch_fla_serves_unmodified_callers(x, fla_kda_ref):
         with service.step(StepBatch(*tensors_for(BATCH), first_seq=2)) as md:
             before = kda.router_hits()
             # an engine's own call site: FLA's public API, given the step's cu_seqlens
-            o, ht = fla_kda.chunk_kda(x["q"], x["k"], x["v"], x["g_kda"], x["beta"], initial_state=x["h0"][:3],
-                                      cu_seqlens=md.cu_seqlens, **KDA_KW)
+            o, ht = fla_kda.chunk_kda(
+                x["q"],
+                x["k"],
+                x["v"],
+                x["g_kda"],
+                x["beta"],
+                initial_state=x["h0"][:3],
+                cu_seqlens=md.cu_seqlens,
+                **KDA_KW,
+            )
             assert kda.router_hits() == before + 2  # chunk_indices and chunk_offsets
         assert torch.equal(o, fla_kda_ref[0]) and torch.equal(ht, fla_kda_ref[1])
         # no open step: FLA derives its own
@@ -195,8 +228,13 @@ def test_unsupported_fla_version_is_a_clear_error(monkeypatch):
 
 # -- GPU -------------------------------------------------------------------------------------
 
-GPU_BATCHES = [[4096], [1, 1, 300, 0, 2000, 65], [1] * 8 + [777] * 8, [128] * 64 + [0] * 8 + [100] * 56,
-               [8192, 8192, 8192, 8192]]
+GPU_BATCHES = [
+    [4096],
+    [1, 1, 300, 0, 2000, 65],
+    [1] * 8 + [777] * 8,
+    [128] * 64 + [0] * 8 + [100] * 56,
+    [8192, 8192, 8192, 8192],
+]
 
 
 def assert_bit_identical_without_sync(batch, args, h0, fla_forward, our_forward, kw):
@@ -226,5 +264,6 @@ def test_gdn_gpu_bf16_bit_identical_and_sync_free():
     batch = from_lengths([1, 1, 300, 0, 2000, 65, 4096])
     x = inputs(batch.num_tokens, batch.num_seqs, device="cuda", dtype=torch.bfloat16, heads=16, dim=128)
     args = (x["q"], x["k"], x["v"], x["g_gdn"], torch.sigmoid(x["beta"]))
-    assert_bit_identical_without_sync(batch, args, x["h0"], fla_gdn.chunk_gated_delta_rule,
-                                      kda.chunk_gated_delta_rule, GDN_KW)
+    assert_bit_identical_without_sync(
+        batch, args, x["h0"], fla_gdn.chunk_gated_delta_rule, kda.chunk_gated_delta_rule, GDN_KW
+    )

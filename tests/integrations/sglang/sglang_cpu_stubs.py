@@ -6,6 +6,7 @@ against torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and newer
 torch, so a sys.meta_path finder serves a stub package instead. Testing only: every stubbed name
 raises if actually used.
 """
+
 import enum
 import importlib.abc
 import importlib.machinery

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from chunkmeta import ChunkMetaError, layout, reference
-from checks import no_sync
 import sglang_fake
+from checks import no_sync
+from chunkmeta import ChunkMetaError, layout, reference
 from sglang_fake import ForwardMode, decode_batch, extend_batch, mixed_batch
 
 sg = pytest.importorskip("chunkmeta.integrations.sglang")
@@ -82,7 +82,7 @@ def assert_tables(tables, lens, layout="exact"):
         assert len(got) == ref.num_chunks and tables.metadata.num_chunks == ref.num_chunks
         assert tables.max_seqlen == ref.max_seqlen
     else:
-        assert got[ref.num_chunks:] == [(0, PAST_END)] * (len(got) - ref.num_chunks)
+        assert got[ref.num_chunks :] == [(0, PAST_END)] * (len(got) - ref.num_chunks)
         assert tables.num_rows == len(got) >= ref.num_chunks
 
 
@@ -90,6 +90,7 @@ BATCHES = [[128, 256], [128, 257], [300], [1, 64, 65, 129], [5, 70, 1, 1], [64],
 
 
 # -- sizes ------------------------------------------------------------------------------------
+
 
 def test_backend_capacity(monkeypatch):
     runner = sglang_fake.model_runner(max_running_requests=32, chunked_prefill_size=8192, max_prefill_tokens=16384)
@@ -113,6 +114,7 @@ def test_backend_capacity(monkeypatch):
 
 # -- classes and hooks --------------------------------------------------------------------------
 
+
 def test_hook_generation_is_read_from_the_base():
     assert sg.hook_generation(T23.KDAAttnBackend) == "split"
     assert sg.hook_generation(T12.GDNAttnBackend) == "legacy"
@@ -135,8 +137,13 @@ def test_hook_generation_is_read_from_the_base():
 def test_overrides_keep_the_base_signatures(version, kind):
     base = getattr(TREES[version], f"{kind.upper()}AttnBackend")
     cls = sg.chunkmeta_backend(base, kind=kind, fla_package=TREES[version].fla)
-    overridden = [name for mixin in cls.__mro__ if mixin.__module__ == sg.backends.__name__ and mixin is not cls
-                  for name, value in vars(mixin).items() if inspect.isfunction(value)]
+    overridden = [
+        name
+        for mixin in cls.__mro__
+        if mixin.__module__ == sg.backends.__name__ and mixin is not cls
+        for name, value in vars(mixin).items()
+        if inspect.isfunction(value)
+    ]
     checked = 0
     for name in overridden:
         if hasattr(base, name):
@@ -151,6 +158,7 @@ def parameters(fn):
 
 
 # -- eager forwards -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("lens", BATCHES)
 def test_kda_tables_reach_chunk_kda_through_the_dispatcher(backends, lens):
@@ -227,10 +235,16 @@ def test_mixed_batch_decode_rows_are_one_token_extends(backends):
     assert rows(run.chunk_indices)[-5:] == [(3, 0), (4, 0), (5, 0), (6, 0), (7, 0)]
 
 
-@pytest.mark.parametrize("fb", [decode_batch(4), decode_batch(4, mode=ForwardMode.IDLE),
-                                decode_batch(2, mode=ForwardMode.TARGET_VERIFY, draft_token_num=4),
-                                decode_batch(3, relabelled=True)],
-                         ids=["decode", "idle", "target_verify", "dp_relabelled_decode"])
+@pytest.mark.parametrize(
+    "fb",
+    [
+        decode_batch(4),
+        decode_batch(4, mode=ForwardMode.IDLE),
+        decode_batch(2, mode=ForwardMode.TARGET_VERIFY, draft_token_num=4),
+        decode_batch(3, relabelled=True),
+    ],
+    ids=["decode", "idle", "target_verify", "dp_relabelled_decode"],
+)
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
 def test_modes_without_chunk_tables(backends, kind, fb):
     backend = backends(T23, kind)
@@ -248,8 +262,11 @@ def test_random_batches_match_the_reference(backends):
     for _ in range(300):
         lens = random_lens(rng)
         mixed = rng.random() < 0.5
-        fb = extend_batch(lens, mode=ForwardMode.MIXED if mixed else ForwardMode.EXTEND,
-                          num_tokens=sum(lens) + int(rng.integers(0, 64)))
+        fb = extend_batch(
+            lens,
+            mode=ForwardMode.MIXED if mixed else ForwardMode.EXTEND,
+            num_tokens=sum(lens) + int(rng.integers(0, 64)),
+        )
         run = forward(backend, fb)
         assert_tables(backend.chunkmeta.tables, lens)
         assert run.chunk_indices is backend.chunkmeta.tables.chunk_indices
@@ -421,6 +438,7 @@ def test_unserved_devices_keep_sglang_stock(backends):
 
 # -- CUDA-graph hooks ---------------------------------------------------------------------------
 
+
 def graph_backend(backends, tree, kind="kda", max_bs=4):
     base = getattr(tree, f"{kind.upper()}AttnBackend")
     capable = type(f"GraphExtend{base.__name__}", (base,), {"graph_extends": True})
@@ -463,7 +481,7 @@ def test_split_hooks_capture_then_replay_changing_extends_on_cpu(backends, kind)
         ref = reference.chunk_metadata(qsl_of(lens + [0] * (4 - len(lens))), 64)
         got = rows(tables.chunk_indices)
         assert got[: ref.num_chunks] == ref.chunk_indices
-        assert got[ref.num_chunks:] == [(0, PAST_END)] * (captured.num_rows - ref.num_chunks)
+        assert got[ref.num_chunks :] == [(0, PAST_END)] * (captured.num_rows - ref.num_chunks)
         assert tables.chunk_offsets.tolist() == ref.chunk_offsets
         run = backend.forward_extend(0, static.fb, torch.zeros(256), None, None)
         assert run.chunk_indices is captured.chunk_indices and T23.state["fla_syncs"] == 0
@@ -516,8 +534,9 @@ def test_legacy_hooks_clear_tables(backends, kind):
     assert backend.chunkmeta.tables is None
     assert backend.forward_metadata.query_start_loc is backend.query_start_loc_list[2]
     forward(backend, extend_batch([100, 4]))
-    backend.init_forward_metadata_replay_cuda_graph(3, req, torch.ones(3), 3, None, ForwardMode.DECODE, None,
-                                                    torch.tensor([50, 50, 1]))
+    backend.init_forward_metadata_replay_cuda_graph(
+        3, req, torch.ones(3), 3, None, ForwardMode.DECODE, None, torch.tensor([50, 50, 1])
+    )
     assert backend.chunkmeta.tables is None
     assert backend.forward_metadata.query_start_loc.tolist() == [0, 1, 2, 2]  # the base's padding, untouched
     with pytest.raises(ValueError, match="Invalid forward mode"):  # the base's own limit
@@ -525,6 +544,7 @@ def test_legacy_hooks_clear_tables(backends, kind):
 
 
 # -- install / uninstall / plugin ---------------------------------------------------------------
+
 
 def test_install_is_idempotent_and_uninstall_restores():
     stock_kda, stock_gdn = T23.kda_module.KDAAttnBackend, T23.gdn_module.GDNAttnBackend
@@ -567,7 +587,9 @@ def test_install_errors():
         import sys
 
         sys.modules["fake_sglang_old"].__version__ = "0.5.8"
-        with pytest.raises(ChunkMetaError, match=r"fake_sglang_old 0\.5\.8 is untested .* supports 0\.5\.9 to 0\.5\.23"):
+        with pytest.raises(
+            ChunkMetaError, match=r"fake_sglang_old 0\.5\.8 is untested .* supports 0\.5\.9 to 0\.5\.23"
+        ):
             sg.install("fake_sglang_old")
         sys.modules["fake_sglang_old"].__version__ = "0.5.12"
         del sys.modules["fake_sglang_old.srt.layers.attention.linear.gdn_backend"].GDNAttnBackend
@@ -600,10 +622,12 @@ def test_plugin_is_opt_in(monkeypatch, caplog):
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["sglang.srt.plugins"] == {
-        "chunkmeta": "chunkmeta.integrations.sglang:sglang_plugin"}
+        "chunkmeta": "chunkmeta.integrations.sglang:sglang_plugin"
+    }
 
 
 # -- GPU -------------------------------------------------------------------------------------------
+
 
 def random_lens(rng, max_seqs=16, max_tokens=4096):
     n = int(rng.integers(1, max_seqs + 1))
@@ -617,8 +641,9 @@ def random_lens(rng, max_seqs=16, max_tokens=4096):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
 def test_gpu_eager_forwards_do_not_sync(backends, kind):
-    backend = backends(T23, kind, device="cuda", max_running_requests=16, chunked_prefill_size=4096,
-                       max_prefill_tokens=4096)
+    backend = backends(
+        T23, kind, device="cuda", max_running_requests=16, chunked_prefill_size=4096, max_prefill_tokens=4096
+    )
     rng = np.random.default_rng(7)
     all_lens = [random_lens(rng) for _ in range(100)]
     batches = [extend_batch(lens, device="cuda") for lens in all_lens]  # H2D inputs: the engine's, made first
@@ -630,7 +655,7 @@ def test_gpu_eager_forwards_do_not_sync(backends, kind):
             tables = backend.chunkmeta.tables
             assert run.chunk_indices is tables.chunk_indices
             kept.append((run.chunk_indices.clone(), run.chunk_offsets.clone()))
-    for lens, (indices, offsets) in zip(all_lens, kept):
+    for lens, (indices, offsets) in zip(all_lens, kept, strict=True):
         ref = reference.chunk_metadata(qsl_of(lens), 64)
         assert rows(indices) == ref.chunk_indices and offsets.tolist() == ref.chunk_offsets
     assert T23.state["fla_syncs"] == 0
@@ -651,7 +676,7 @@ def test_gpu_bounded_layout_does_not_sync(backends):
         for fb, fm in prepared:
             tables = backend.chunkmeta.bind_eager(fb, fm)
             kept.append((tables.chunk_indices.clone(), tables.chunk_offsets.clone(), tables.num_rows))
-    for lens, (indices, offsets, num_rows) in zip(all_lens, kept):
+    for lens, (indices, offsets, num_rows) in zip(all_lens, kept, strict=True):
         ref = reference.chunk_metadata(qsl_of(lens), 64)
         assert num_rows == layout.chunk_row_bound(len(lens), sum(lens), 64)
         assert rows(indices) == ref.chunk_indices + [(0, PAST_END)] * (num_rows - ref.num_chunks)
@@ -665,8 +690,15 @@ def test_gpu_in_graph_build_captured_and_replayed(backends, kind):
     torch.cuda.graph, then per step: refresh the static inputs in place, out_graph, replay."""
     base = getattr(T23, f"{kind.upper()}AttnBackend")
     capable = type(f"GraphExtend{base.__name__}", (base,), {"graph_extends": True})
-    backend = backends(T23, kind, base=capable, device="cuda", max_running_requests=16,
-                       chunked_prefill_size=4096, max_prefill_tokens=4096)
+    backend = backends(
+        T23,
+        kind,
+        base=capable,
+        device="cuda",
+        max_running_requests=16,
+        chunked_prefill_size=4096,
+        max_prefill_tokens=4096,
+    )
     bs, num_tokens = 16, 4096
     backend.init_cuda_graph_state(bs, bs)
     static = StaticExtend(bs, num_tokens, device="cuda")
@@ -686,12 +718,13 @@ def test_gpu_in_graph_build_captured_and_replayed(backends, kind):
     for lens in all_lens:
         padded = lens + [0] * (bs - len(lens))
         starts = [0] + np.cumsum(padded[:-1]).tolist()
-        host.append((torch.tensor(padded, dtype=torch.int32).pin_memory(),
-                     torch.tensor(starts, dtype=torch.int32).pin_memory()))
+        host.append(
+            (torch.tensor(padded, dtype=torch.int32).pin_memory(), torch.tensor(starts, dtype=torch.int32).pin_memory())
+        )
     history = torch.empty(len(all_lens), captured.num_rows, 2, dtype=torch.int32, device="cuda")
     offsets = torch.empty(len(all_lens), bs + 1, dtype=torch.int64, device="cuda")
     with no_sync():
-        for k, (lens, (lens_h, starts_h)) in enumerate(zip(all_lens, host)):
+        for k, (lens, (lens_h, starts_h)) in enumerate(zip(all_lens, host, strict=True)):
             fb.extend_seq_lens.copy_(lens_h, non_blocking=True)  # the runner refreshes its inputs in place
             fb.extend_start_loc.copy_(starts_h, non_blocking=True)
             fb.extend_seq_lens_cpu = lens

@@ -19,18 +19,18 @@ import torch
 if importlib.util.find_spec("sglang") is None:
     pytest.skip("SGLang is not installed (make test-sglang builds a venv with it)", allow_module_level=True)
 
-import sglang_cpu_stubs  # noqa: E402
+import sglang_cpu_stubs
 
 sglang_cpu_stubs.install()  # before any SGLang import: its config modules import torchvision
 
-import sglang  # noqa: E402
-from sglang.srt.layers.attention.linear import gdn_backend, kda_backend  # noqa: E402
-from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+import sglang
+from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
+from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-from chunkmeta import layout, reference  # noqa: E402
-from chunkmeta.integrations import plugin  # noqa: E402
-from chunkmeta.integrations import sglang as sg  # noqa: E402
+from chunkmeta import layout, reference
+from chunkmeta.integrations import plugin
+from chunkmeta.integrations import sglang as sg
 
 FLA = "sglang.kernels.ops.attention.fla"
 STOCK = {"kda": kda_backend.KDAAttnBackend, "gdn": gdn_backend.GDNAttnBackend}
@@ -55,14 +55,21 @@ def test_hooks_and_signatures_match_sglang(kind):
     cls = sg.chunkmeta_backend(base, kind=kind, fla_package=FLA)
     expected = "split" if version() >= (0, 5, 13) else "legacy"
     assert sg.hook_generation(base) == expected == cls.chunkmeta_hooks
-    names = [name for mixin in cls.__mro__[1:] if mixin.__module__ == sg.backends.__name__
-             for name, value in vars(mixin).items() if inspect.isfunction(value)]
+    names = [
+        name
+        for mixin in cls.__mro__[1:]
+        if mixin.__module__ == sg.backends.__name__
+        for name, value in vars(mixin).items()
+        if inspect.isfunction(value)
+    ]
     checked = [name for name in names if hasattr(base, name)]
     for name in checked:
         assert parameters(getattr(cls, name)) == parameters(getattr(base, name)), name
     hooks = {"init_forward_metadata", "__init__"} | (
-        {"init_forward_metadata_out_graph", "init_forward_metadata_in_graph"} if expected == "split" else
-        {"init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"})
+        {"init_forward_metadata_out_graph", "init_forward_metadata_in_graph"}
+        if expected == "split"
+        else {"init_forward_metadata_capture_cuda_graph", "init_forward_metadata_replay_cuda_graph"}
+    )
     assert hooks <= set(checked)
     if kind == "kda" and version() >= (0, 5, 22):
         assert cls._chunkmeta_kwargs
@@ -88,8 +95,12 @@ def test_capacity_from_sglang_server_args():
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs(model_path="unused")  # unresolved: chunked_prefill_size is still None
-    runner = SimpleNamespace(server_args=server_args, req_to_token_pool=Pool(), max_running_requests=None,
-                             model_config=SimpleNamespace(context_len=8192))
+    runner = SimpleNamespace(
+        server_args=server_args,
+        req_to_token_pool=Pool(),
+        max_running_requests=None,
+        model_config=SimpleNamespace(context_len=8192),
+    )
     seqs, tokens = sg.backend_capacity(runner)
     assert seqs == Pool.size and tokens == max(server_args.max_prefill_tokens, 8192) + seqs
     server_args.chunked_prefill_size, server_args.max_running_requests = 4096, 48
@@ -100,8 +111,13 @@ def test_capacity_from_sglang_server_args():
 
 
 def test_forward_mode_helpers():
-    with_tables = {ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.SPLIT_PREFILL, ForwardMode.DLLM_EXTEND,
-                   ForwardMode.DRAFT_EXTEND_V2}
+    with_tables = {
+        ForwardMode.EXTEND,
+        ForwardMode.MIXED,
+        ForwardMode.SPLIT_PREFILL,
+        ForwardMode.DLLM_EXTEND,
+        ForwardMode.DRAFT_EXTEND_V2,
+    }
     for mode in ForwardMode:
         assert sg.needs_chunk_tables(mode) == (mode in with_tables), mode
 
@@ -135,6 +151,7 @@ def test_install_uninstall_and_the_plugin_entry_point(monkeypatch):
 
 # -- SGLang's own metadata code with chunkmeta's tables --------------------------------------------
 
+
 class Pool:
     """The req_to_token_pool calls the metadata path makes (slot 0 is the padding slot)."""
 
@@ -158,8 +175,9 @@ def backend(kind):
     triton = LinearAttnKernelBackend.TRITON
     dispatcher = kda_backend.KDAKernelDispatcher if kind == "kda" else gdn_backend.GDNKernelDispatcher
     obj.kernel_dispatcher = dispatcher(triton, triton, triton)
-    obj.chunkmeta = sg.BackendChunkMeta(device="cpu", max_num_seqs=16, max_num_tokens=4096,
-                                        router=cls._chunkmeta_router)
+    obj.chunkmeta = sg.BackendChunkMeta(
+        device="cpu", max_num_seqs=16, max_num_tokens=4096, router=cls._chunkmeta_router
+    )
     if cls._chunkmeta_kwargs:
         sg.add_tables_to_dispatcher(obj)
     return obj
@@ -181,11 +199,20 @@ def forward_batch(lens, mode=ForwardMode.EXTEND, host_lens=True, num_tokens=None
     start[1:] = torch.cumsum(lens_t[:-1], 0)
     padded = num_tokens or total
     return ForwardBatch(
-        forward_mode=mode, batch_size=bs, input_ids=torch.zeros(padded, dtype=torch.int64),
-        req_pool_indices=torch.arange(bs), seq_lens=lens_t.long(), out_cache_loc=torch.zeros(padded, dtype=torch.int64),
-        seq_lens_sum=total, extend_num_tokens=padded, extend_seq_lens=lens_t,
-        extend_prefix_lens=torch.zeros(bs, dtype=torch.int32), extend_start_loc=start,
-        extend_seq_lens_cpu=list(lens) if host_lens else None, extend_prefix_lens_cpu=[0] * bs if host_lens else None)
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.zeros(padded, dtype=torch.int64),
+        req_pool_indices=torch.arange(bs),
+        seq_lens=lens_t.long(),
+        out_cache_loc=torch.zeros(padded, dtype=torch.int64),
+        seq_lens_sum=total,
+        extend_num_tokens=padded,
+        extend_seq_lens=lens_t,
+        extend_prefix_lens=torch.zeros(bs, dtype=torch.int32),
+        extend_start_loc=start,
+        extend_seq_lens_cpu=list(lens) if host_lens else None,
+        extend_prefix_lens_cpu=[0] * bs if host_lens else None,
+    )
 
 
 def rows(t):
@@ -198,12 +225,16 @@ def check(tables, lens, layout):
     assert tables.query_start_loc.tolist() == ref.cu_seqlens
     got = rows(tables.chunk_indices)
     assert got[: ref.num_chunks] == ref.chunk_indices
-    assert got[ref.num_chunks:] == [(0, layout.PAST_END_CHUNK)] * (len(got) - ref.num_chunks)
+    assert got[ref.num_chunks :] == [(0, layout.PAST_END_CHUNK)] * (len(got) - ref.num_chunks)
     assert tables.chunk_offsets.tolist()[: len(lens) + 1] == ref.chunk_offsets
 
 
-CASES = [([5, 70, 1, 1], ForwardMode.MIXED), ([128, 257], ForwardMode.EXTEND), ([1, 64, 65, 129], ForwardMode.EXTEND),
-         ([70, 5, 0], ForwardMode.EXTEND)]
+CASES = [
+    ([5, 70, 1, 1], ForwardMode.MIXED),
+    ([128, 257], ForwardMode.EXTEND),
+    ([1, 64, 65, 129], ForwardMode.EXTEND),
+    ([70, 5, 0], ForwardMode.EXTEND),
+]
 
 
 @pytest.mark.parametrize("kind", ["kda", "gdn"])
@@ -217,9 +248,15 @@ def test_sglang_metadata_path_gives_exact_and_bounded_tables(made, kind):
         obj.init_forward_metadata(forward_batch(lens, mode, host_lens=False))  # gpu_only: no host lengths
         check(obj.chunkmeta.tables, lens, "bounded")
         assert obj.chunkmeta.tables.num_rows == layout.chunk_row_bound(len(lens), sum(lens), 64)
-    decode = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=3, input_ids=torch.zeros(3, dtype=torch.int64),
-                          req_pool_indices=torch.arange(3), seq_lens=torch.full((3,), 9),
-                          out_cache_loc=torch.zeros(3, dtype=torch.int64), seq_lens_sum=27)
+    decode = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=3,
+        input_ids=torch.zeros(3, dtype=torch.int64),
+        req_pool_indices=torch.arange(3),
+        seq_lens=torch.full((3,), 9),
+        out_cache_loc=torch.zeros(3, dtype=torch.int64),
+        seq_lens_sum=27,
+    )
     obj.init_forward_metadata(decode)
     assert obj.chunkmeta.tables is None and obj.forward_metadata.query_start_loc.tolist() == [0, 1, 2, 3]
 
@@ -237,9 +274,21 @@ def test_kda_dispatcher_carries_the_tables_to_chunk_kda(made, monkeypatch):
     obj.init_forward_metadata(forward_batch(lens))
     fm = obj.forward_metadata
     q = torch.zeros(1, sum(lens), 2, 8)
-    assert obj.kernel_dispatcher.extend(q=q, k=q, v=q, g=q, beta=q[..., 0], ssm_states=None,
-                                        cache_indices=fm.mamba_cache_indices, query_start_loc=fm.query_start_loc,
-                                        beta_is_raw=True, extend_seq_lens_cpu=lens) == "out"
+    assert (
+        obj.kernel_dispatcher.extend(
+            q=q,
+            k=q,
+            v=q,
+            g=q,
+            beta=q[..., 0],
+            ssm_states=None,
+            cache_indices=fm.mamba_cache_indices,
+            query_start_loc=fm.query_start_loc,
+            beta_is_raw=True,
+            extend_seq_lens_cpu=lens,
+        )
+        == "out"
+    )
     tables = obj.chunkmeta.tables
     assert seen["chunk_indices"] is tables.chunk_indices and seen["chunk_offsets"] is tables.chunk_offsets
     assert seen["cu_seqlens"] is fm.query_start_loc
@@ -254,7 +303,7 @@ class KernelRecorder:
         self.calls = []
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append({**dict(zip(self.arg_names, args)), **kwargs})
+        return lambda *args, **kwargs: self.calls.append({**dict(zip(self.arg_names, args, strict=False)), **kwargs})
 
 
 def test_gdn_forward_code_gets_the_tables_through_the_router(made, monkeypatch):
@@ -289,9 +338,16 @@ def test_gdn_forward_code_gets_the_tables_through_the_router(made, monkeypatch):
         x = torch.zeros(1, sum(lens), 2, 16, dtype=torch.bfloat16)  # the forward refuses float32
         gates = torch.zeros(1, sum(lens), 2, dtype=torch.bfloat16)
         hits, misses = router.hits, router.misses
-        obj.kernel_dispatcher.extend(q=x, k=x, v=x, g=gates, beta=gates,
-                                     ssm_states=torch.zeros(4, 2, 16, 16), cache_indices=fm.mamba_cache_indices,
-                                     query_start_loc=fm.query_start_loc)
+        obj.kernel_dispatcher.extend(
+            q=x,
+            k=x,
+            v=x,
+            g=gates,
+            beta=gates,
+            ssm_states=torch.zeros(4, 2, 16, 16),
+            cache_indices=fm.mamba_cache_indices,
+            query_start_loc=fm.query_start_loc,
+        )
         assert recorded["cumsum"]["chunk_indices"] is tables.chunk_indices
         assert recorded["intra"]["chunk_indices"] is tables.chunk_indices
         assert fwd_h.calls[-1]["chunk_offsets"] is tables.chunk_offsets
@@ -338,8 +394,16 @@ def test_kda_forward_code_gets_the_tables_through_the_router(made, monkeypatch):
     fm, tables = obj.forward_metadata, obj.chunkmeta.tables
     q = torch.zeros(1, sum(lens), 2, 16)
     hits = obj.chunkmeta.router.hits
-    obj.kernel_dispatcher.extend(q=q, k=q, v=q, g=q, beta=q[..., 0], ssm_states=torch.zeros(4, 2, 16, 16),
-                                 cache_indices=fm.mamba_cache_indices, query_start_loc=fm.query_start_loc)
+    obj.kernel_dispatcher.extend(
+        q=q,
+        k=q,
+        v=q,
+        g=q,
+        beta=q[..., 0],
+        ssm_states=torch.zeros(4, 2, 16, 16),
+        cache_indices=fm.mamba_cache_indices,
+        query_start_loc=fm.query_start_loc,
+    )
     assert recorded["cumsum"]["chunk_indices"] is tables.chunk_indices
     assert recorded["intra"]["chunk_indices"] is tables.chunk_indices
     assert recorded["output"]["chunk_indices"] is tables.chunk_indices
@@ -359,10 +423,15 @@ def test_sglang_graph_hooks_pass_through():
         obj.cached_cuda_graph_decode_query_start_loc = torch.arange(0, 5, dtype=torch.int32)
         obj.query_start_loc_list = [torch.zeros(i + 2, dtype=torch.int32) for i in range(4)]
         obj.state_indices_list = [torch.full((i + 1,), -1, dtype=torch.int32) for i in range(4)]
-        decode = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=3,
-                              input_ids=torch.zeros(3, dtype=torch.int64), req_pool_indices=torch.arange(3),
-                              seq_lens=torch.full((3,), 9), out_cache_loc=torch.zeros(3, dtype=torch.int64),
-                              seq_lens_sum=27)
+        decode = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=3,
+            input_ids=torch.zeros(3, dtype=torch.int64),
+            req_pool_indices=torch.arange(3),
+            seq_lens=torch.full((3,), 9),
+            out_cache_loc=torch.zeros(3, dtype=torch.int64),
+            seq_lens_sum=27,
+        )
         obj.init_forward_metadata(forward_batch([100, 5]))
         obj.init_forward_metadata_out_graph(decode, in_capture=True)
         obj.init_forward_metadata_in_graph(decode)

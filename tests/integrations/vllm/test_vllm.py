@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import vllm_fake as fake
-from chunkmeta import ChunkMetaError, ChunkMetadataBuilder
+from checks import no_sync
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaError
 from chunkmeta.integrations import vllm as adapter
 from chunkmeta.integrations.plugin import ImportHook
 from chunkmeta.workloads import random_decode_first
-from checks import no_sync
 
 pytest.importorskip("fla")
 
@@ -93,7 +93,10 @@ def assert_same_tables(got, want):
 
 def assert_same_step(got, want):
     assert (got.num_prefills, got.num_decodes, got.num_spec_decodes) == (
-        want.num_prefills, want.num_decodes, want.num_spec_decodes)
+        want.num_prefills,
+        want.num_decodes,
+        want.num_spec_decodes,
+    )
     assert torch.equal(got.prefill_query_start_loc.cpu(), want.prefill_query_start_loc.cpu())
     assert_same_tables(got, want)
 
@@ -137,7 +140,7 @@ def random_case(rng, spec: bool):
     (at most 26 rows and 4096 tokens)."""
     batch = random_decode_first(rng, max_seqs=24, max_tokens=4096)
     lengths = np.diff(batch.query_start_loc).tolist()
-    decodes, prefills = lengths[: batch.first_seq], [n for n in lengths[batch.first_seq:] if n > 0]
+    decodes, prefills = lengths[: batch.first_seq], [n for n in lengths[batch.first_seq :] if n > 0]
     if not prefills:
         prefills = [int(rng.integers(1, 300))]
     padding = [0] * int(rng.integers(0, 3))
@@ -218,8 +221,9 @@ def test_limits_chunkmeta_cannot_hold_keep_vllms_path(caplog):
     with caplog.at_level(logging.WARNING, logger=adapter.logger.name):
         ours = make(cm_class(), max_num_seqs=1 << 17)
     assert ours.chunkmeta is None and "max_num_seqs" in caplog.text
-    assert_same_step(build(ours, BATCHES["decode_first"]),
-                     build(make(fake.GDNAttentionMetadataBuilder), BATCHES["decode_first"]))
+    assert_same_step(
+        build(ours, BATCHES["decode_first"]), build(make(fake.GDNAttentionMetadataBuilder), BATCHES["decode_first"])
+    )
 
 
 # -- prefill backends ----------------------------------------------------------------------
@@ -253,6 +257,7 @@ def test_backends_without_the_hook(backend):
     """FlashInfer and AITER FlyDSL never call the hook: chunkmeta allocates nothing, and under
     AITER (where vLLM refuses a builder that overrides the hook) it stands aside instead."""
     if backend == "aiter_flydsl":
+
         class Override(fake.GDNAttentionMetadataBuilder):
             def _build_chunk_metadata(self, *args):
                 raise AssertionError
@@ -290,15 +295,18 @@ def test_prepare_chunk_metadata_device_is_a_drop_in(cu, dtype):
     cu_cpu = torch.tensor(cu, dtype=dtype)
     got = adapter.prepare_chunk_metadata_device(cu_cpu.clone(), cu_cpu, 64)
     want = fake.prepare_chunk_metadata_device(cu_cpu.clone(), cu_cpu, 64)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
     assert got[0].dtype == dtype and got[1].dtype == torch.int64
 
 
 def test_prepare_chunk_metadata_device_chunk_size_and_errors():
     cu = torch.tensor([0, 33, 40, 100], dtype=torch.int32)
-    for g, w in zip(adapter.prepare_chunk_metadata_device(cu, cu.clone(), 32),
-                    fake.prepare_chunk_metadata_device(cu, cu.clone(), 32)):
+    for g, w in zip(
+        adapter.prepare_chunk_metadata_device(cu, cu.clone(), 32),
+        fake.prepare_chunk_metadata_device(cu, cu.clone(), 32),
+        strict=True,
+    ):
         assert torch.equal(g, w)
     with pytest.raises(ChunkMetaError, match="chunk_size=48"):
         adapter.prepare_chunk_metadata_device(cu, cu.clone(), 48)
@@ -343,8 +351,7 @@ def kimi_module(tmp_path, monkeypatch, name, builder="fake.KimiK3ROCmKDAMetadata
     (tmp_path / f"{name}.py").write_text(KIMI_MODEL_MODULE.format(builder=builder))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, name, raising=False)
-    return adapter.VllmApi("0.33.0", fake.GDNAttentionBackend, fake.GDNAttentionMetadataBuilder,
-                           kimi_rocm_module=name)
+    return adapter.VllmApi("0.33.0", fake.GDNAttentionBackend, fake.GDNAttentionMetadataBuilder, kimi_rocm_module=name)
 
 
 def test_kimi_k3_rocm_is_wired_when_vllm_imports_it(tmp_path, monkeypatch):
@@ -401,8 +408,9 @@ def test_install_is_idempotent_and_uninstall_restores():
     assert sum(c is adapter.ChunkmetaBuilderMixin for c in gdn_cls.__mro__) == 1
     assert fake.GDNAttentionBackend.get_name() == "GDN_ATTN"  # the backend keeps its identity
     assert adapter.installed() == {fake.GDNAttentionBackend: gdn_cls, fake.KimiK3ROCmKDABackend: first[1]}
-    assert_same_step(build(make(gdn_cls), BATCHES["padded"]),
-                     build(make(fake.GDNAttentionMetadataBuilder), BATCHES["padded"]))
+    assert_same_step(
+        build(make(gdn_cls), BATCHES["padded"]), build(make(fake.GDNAttentionMetadataBuilder), BATCHES["padded"])
+    )
 
     adapter.uninstall()
     adapter.uninstall()
@@ -601,7 +609,7 @@ def test_gpu_kimi_k3_and_drop_in_without_sync():
     adapter.prepare_chunk_metadata_device(cu, cu_cpu, 64)  # compiles
     with no_sync():
         got = adapter.prepare_chunk_metadata_device(cu, cu_cpu, 64)
-    for g, w in zip(got, fake.prepare_chunk_metadata_device(cu, cu_cpu, 64)):
+    for g, w in zip(got, fake.prepare_chunk_metadata_device(cu, cu_cpu, 64), strict=True):
         assert g.dtype == w.dtype and g.device == w.device and torch.equal(g, w)
 
 

@@ -24,18 +24,22 @@ if importlib.util.find_spec("vllm") is None:
 if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
 
-from chunkmeta.integrations import vllm as adapter  # noqa: E402
+from chunkmeta.integrations import vllm as adapter
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
 kimi_rocm = pytest.importorskip("vllm.models.kimi_k3.amd.kda_metadata")
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
-from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
-from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+from vllm.v1.kv_cache_interface import MambaSpec
 
 DEVICE = torch.device("cpu")
 MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, BLOCK_SIZE = 16, 8192, 16
-SPEC = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 8), (2, 8, 8)), dtypes=(torch.bfloat16, torch.float32),
-                 mamba_type=MambaAttentionBackendEnum.GDN_ATTN)
+SPEC = MambaSpec(
+    block_size=BLOCK_SIZE,
+    shapes=((4, 8), (2, 8, 8)),
+    dtypes=(torch.bfloat16, torch.float32),
+    mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+)
 LAYERS = ["model.layers.0.linear_attn"]
 
 # (query_lens, context_lens, num_decode_draft_tokens or None); rows in the runner's order
@@ -55,20 +59,41 @@ def configs(tmp_path_factory):
     from vllm.config import ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 
     model_dir = str(tmp_path_factory.mktemp("qwen3_next"))
-    Qwen3NextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=128, linear_key_head_dim=16, linear_value_head_dim=16,
-                    linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32, num_experts=4,
-                    num_experts_per_tok=2).save_pretrained(model_dir)
-    model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
-                        max_model_len=4096, seed=0)
+    Qwen3NextConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ).save_pretrained(model_dir)
+    model = ModelConfig(
+        model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096, seed=0
+    )
 
     def scheduler():
-        return SchedulerConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                               max_model_len=4096, is_encoder_decoder=False)
+        return SchedulerConfig(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_model_len=4096,
+            is_encoder_decoder=False,
+        )
 
-    speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_max=3,
-                                    prompt_lookup_min=1, target_model_config=model,
-                                    target_parallel_config=ParallelConfig())
+    speculative = SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=2,
+        prompt_lookup_max=3,
+        prompt_lookup_min=1,
+        target_model_config=model,
+        target_parallel_config=ParallelConfig(),
+    )
     return {
         False: VllmConfig(model_config=model, scheduler_config=scheduler()),
         True: VllmConfig(model_config=model, scheduler_config=scheduler(), speculative_config=speculative),
@@ -88,14 +113,20 @@ def metadata(query_lens, context_lens):
     lens = torch.tensor(query_lens, dtype=torch.int32)
     qsl = torch.zeros(n + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(lens, 0)
-    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens)], dtype=torch.int32)
+    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
     num_tokens = int(qsl[-1])
     return CommonAttentionMetadata(
-        query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl, seq_lens=seq_lens.to(DEVICE), num_reqs=n,
-        num_actual_tokens=num_tokens, max_query_len=max(query_lens), max_seq_len=int(seq_lens.max()),
+        query_start_loc=qsl.to(DEVICE),
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens.to(DEVICE),
+        num_reqs=n,
+        num_actual_tokens=num_tokens,
+        max_query_len=max(query_lens),
+        max_seq_len=int(seq_lens.max()),
         block_table_tensor=torch.arange(n * 64, dtype=torch.int32).view(n, 64),
-        slot_mapping=torch.arange(num_tokens, dtype=torch.int64), causal=True,
-        is_prefilling=torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens)]),
+        slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
+        causal=True,
+        is_prefilling=torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens, strict=True)]),
         seq_lens_cpu_upper_bound=seq_lens.clone(),
     )
 
@@ -105,8 +136,12 @@ def build(builder, case):
     m = metadata(query_lens, context_lens)
     if drafts is None:
         return builder.build(0, m)
-    return builder.build(0, m, num_accepted_tokens=torch.ones(len(query_lens), dtype=torch.int32),
-                         num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32))
+    return builder.build(
+        0,
+        m,
+        num_accepted_tokens=torch.ones(len(query_lens), dtype=torch.int32),
+        num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32),
+    )
 
 
 def make(builder_cls, configs, spec=False):
@@ -115,7 +150,10 @@ def make(builder_cls, configs, spec=False):
 
 def assert_same_tables(got, want):
     assert (got.num_prefills, got.num_decodes, got.num_spec_decodes) == (
-        want.num_prefills, want.num_decodes, want.num_spec_decodes)
+        want.num_prefills,
+        want.num_decodes,
+        want.num_spec_decodes,
+    )
     assert torch.equal(got.prefill_query_start_loc, want.prefill_query_start_loc)
     for g, w in ((got.chunk_indices, want.chunk_indices), (got.chunk_offsets, want.chunk_offsets)):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
@@ -132,8 +170,10 @@ def test_interface_is_the_one_the_adapter_patches():
     assert hook == adapter.HOOK_PARAMS
     assert tuple(inspect.signature(adapter.ChunkmetaBuilderMixin._build_chunk_metadata).parameters) == hook
     assert tuple(inspect.signature(kimi_rocm.KimiK3ROCmKDAMetadataBuilder._build_chunk_metadata).parameters) == hook
-    assert (inspect.signature(adapter.prepare_chunk_metadata_device).parameters.keys()
-            == inspect.signature(kimi_rocm.prepare_chunk_metadata_device).parameters.keys())
+    assert (
+        inspect.signature(adapter.prepare_chunk_metadata_device).parameters.keys()
+        == inspect.signature(kimi_rocm.prepare_chunk_metadata_device).parameters.keys()
+    )
     from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
 
     assert FLA_CHUNK_SIZE == adapter.FLA_CHUNK_SIZE
@@ -297,7 +337,6 @@ def test_plugin_in_a_fresh_process_never_probes_the_gpu():
     query the GPU at import); the Kimi-K3 backend is wired when vLLM imports its module."""
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", CHUNKMETA_VLLM="1")
     env.pop("VLLM_PLUGINS", None)
-    run = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.strip().endswith("ok")

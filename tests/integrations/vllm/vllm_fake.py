@@ -71,7 +71,7 @@ class CommonAttentionMetadata:
     seq_lens_cpu_upper_bound: torch.Tensor | None = None
     is_prefilling: torch.Tensor | None = None
 
-    def replace(self, **changes) -> "CommonAttentionMetadata":
+    def replace(self, **changes) -> CommonAttentionMetadata:
         return dataclasses.replace(self, **changes)
 
 
@@ -142,16 +142,13 @@ class GDNAttentionMetadataBuilder(AttentionMetadataBuilder):
         self.num_spec = spec.num_speculative_tokens if spec else 0
         self.use_spec_decode = self.num_spec > 0
         self.supports_update_block_table = (
-            vllm_config.use_v2_model_runner
-            and device.type == "cuda"
-            and type(self) is GDNAttentionMetadataBuilder
+            vllm_config.use_v2_model_runner and device.type == "cuda" and type(self) is GDNAttentionMetadataBuilder
         )
         if self.supports_update_block_table:
             self.mamba_aligned_state_indices = None
         self.decode_cudagraph_max_bs = vllm_config.scheduler_config.max_num_seqs * (self.num_spec + 1)
         # the persistent decode buffers live on the builder's device
-        self.non_spec_query_start_loc = torch.empty(self.decode_cudagraph_max_bs + 1, dtype=torch.int32,
-                                                    device=device)
+        self.non_spec_query_start_loc = torch.empty(self.decode_cudagraph_max_bs + 1, dtype=torch.int32, device=device)
         self.hook_calls = 0  # test instrumentation: times build() called the hook
 
     @staticmethod
@@ -161,12 +158,14 @@ class GDNAttentionMetadataBuilder(AttentionMetadataBuilder):
             return
         if builder_cls._build_chunk_metadata is GDNAttentionMetadataBuilder._build_chunk_metadata:
             return
-        raise RuntimeError(f"{builder_cls.__name__} builds its own FLA chunk metadata, which the "
-                           "'aiter_flydsl' GDN prefill backend does not use.")
+        raise RuntimeError(
+            f"{builder_cls.__name__} builds its own FLA chunk metadata, which the "
+            "'aiter_flydsl' GDN prefill backend does not use."
+        )
 
-    def _build_chunk_metadata(self, prefill_query_start_loc: torch.Tensor,
-                              prefill_query_start_loc_cpu: torch.Tensor,
-                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _build_chunk_metadata(
+        self, prefill_query_start_loc: torch.Tensor, prefill_query_start_loc_cpu: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The default hook (l.271): CuteDSL's device layout, or FLA's host helpers + H2D copy."""
         if self.gdn_prefill_backend == "cutedsl":
             total_tokens = int(prefill_query_start_loc_cpu[-1].item())
@@ -174,10 +173,14 @@ class GDNAttentionMetadataBuilder(AttentionMetadataBuilder):
         chunk_indices, chunk_offsets = fla_host_tables(prefill_query_start_loc_cpu, FLA_CHUNK_SIZE)
         return chunk_indices.to(device), chunk_offsets.to(device)  # async_tensor_h2d
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              num_accepted_tokens: torch.Tensor | None = None,
-              num_decode_draft_tokens_cpu: torch.Tensor | None = None,
-              fast_build: bool = False) -> GDNAttentionMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        num_accepted_tokens: torch.Tensor | None = None,
+        num_decode_draft_tokens_cpu: torch.Tensor | None = None,
+        fast_build: bool = False,
+    ) -> GDNAttentionMetadata:
         """``build`` (l.313), down to the prefill slice and the hook call."""
         m = common_attn_metadata
         query_start_loc, query_start_loc_cpu = m.query_start_loc, m.query_start_loc_cpu
@@ -198,7 +201,8 @@ class GDNAttentionMetadataBuilder(AttentionMetadataBuilder):
             else:
                 no_prior_state = torch.zeros_like(no_prior_state)
             num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-                m.replace(is_prefilling=no_prior_state))
+                m.replace(is_prefilling=no_prior_state)
+            )
             if num_prefills:  # exclude trailing padding rows from the count (not from the slice)
                 num_prefills -= int((query_lens_cpu[num_decodes:] == 0).sum())
             non_spec_qsl, non_spec_qsl_cpu = query_start_loc, query_start_loc_cpu
@@ -238,7 +242,8 @@ class GDNAttentionMetadataBuilder(AttentionMetadataBuilder):
             elif self.gdn_prefill_backend != "flashinfer":
                 self.hook_calls += 1
                 metadata.chunk_indices, metadata.chunk_offsets = self._build_chunk_metadata(
-                    prefill_qsl, prefill_qsl_cpu, query_start_loc.device)
+                    prefill_qsl, prefill_qsl_cpu, query_start_loc.device
+                )
         return metadata
 
 
@@ -269,10 +274,17 @@ def prepare_chunk_metadata_device(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torc
 class KimiK3ROCmKDAMetadataBuilder(GDNAttentionMetadataBuilder):
     """``KimiK3ROCmKDAMetadataBuilder`` (l.105): its own hook and a build() that post-processes."""
 
-    def build(self, common_prefix_len, common_attn_metadata, num_accepted_tokens=None,
-              num_decode_draft_tokens_cpu=None, fast_build=False):
-        metadata = super().build(common_prefix_len, common_attn_metadata, num_accepted_tokens,
-                                 num_decode_draft_tokens_cpu, fast_build)
+    def build(
+        self,
+        common_prefix_len,
+        common_attn_metadata,
+        num_accepted_tokens=None,
+        num_decode_draft_tokens_cpu=None,
+        fast_build=False,
+    ):
+        metadata = super().build(
+            common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
+        )
         if metadata.num_prefills:  # stands for its checkpoint rows rebuilt on the prefill slice
             metadata = dataclasses.replace(metadata, checkpoint="kimi-k3-rocm")
         return metadata
@@ -300,8 +312,14 @@ def api(version: str = "0.33.0") -> VllmApi:
     return VllmApi(version, GDNAttentionBackend, GDNAttentionMetadataBuilder, KimiK3ROCmKDABackend)
 
 
-def vllm_config(*, max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, gdn_prefill_backend: str = "auto",
-                num_speculative_tokens: int = 0, use_v2_model_runner: bool = False):
+def vllm_config(
+    *,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 8192,
+    gdn_prefill_backend: str = "auto",
+    num_speculative_tokens: int = 0,
+    use_v2_model_runner: bool = False,
+):
     """The ``VllmConfig`` fields the GDN builder and the adapter read."""
     spec = SimpleNamespace(num_speculative_tokens=num_speculative_tokens) if num_speculative_tokens else None
     return SimpleNamespace(
@@ -323,10 +341,14 @@ def batch(query_lens, context_lens, device="cpu") -> CommonAttentionMetadata:
     lens = torch.tensor(query_lens, dtype=torch.int32)
     qsl_cpu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
     qsl_cpu[1:] = torch.cumsum(lens, 0)
-    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens)], dtype=torch.int32)
-    is_prefilling = torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens)])
+    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
+    is_prefilling = torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens, strict=True)])
     return CommonAttentionMetadata(
-        query_start_loc=qsl_cpu.to(device), query_start_loc_cpu=qsl_cpu, num_reqs=len(query_lens),
-        num_actual_tokens=int(qsl_cpu[-1]), max_query_len=max(query_lens),
-        seq_lens_cpu_upper_bound=seq_lens, is_prefilling=is_prefilling,
+        query_start_loc=qsl_cpu.to(device),
+        query_start_loc_cpu=qsl_cpu,
+        num_reqs=len(query_lens),
+        num_actual_tokens=int(qsl_cpu[-1]),
+        max_query_len=max(query_lens),
+        seq_lens_cpu_upper_bound=seq_lens,
+        is_prefilling=is_prefilling,
     )

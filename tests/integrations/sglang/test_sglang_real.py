@@ -219,9 +219,9 @@ def rows(t):
     return [tuple(r) for r in t.tolist()]
 
 
-def check(tables, lens, layout):
+def check(tables, lens, kind):
     ref = reference.chunk_metadata([0] + torch.tensor(lens).cumsum(0).tolist(), 64)
-    assert tables.layout == layout
+    assert tables.layout == kind
     assert tables.query_start_loc.tolist() == ref.cu_seqlens
     got = rows(tables.chunk_indices)
     assert got[: ref.num_chunks] == ref.chunk_indices

@@ -215,6 +215,19 @@ def forward_batch(lens, mode=ForwardMode.EXTEND, host_lens=True, num_tokens=None
     )
 
 
+def decode_batch(bs=3):
+    """A DECODE ForwardBatch of ``bs`` requests of 9 tokens each."""
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        input_ids=torch.zeros(bs, dtype=torch.int64),
+        req_pool_indices=torch.arange(bs),
+        seq_lens=torch.full((bs,), 9),
+        out_cache_loc=torch.zeros(bs, dtype=torch.int64),
+        seq_lens_sum=9 * bs,
+    )
+
+
 def rows(t):
     return [tuple(r) for r in t.tolist()]
 
@@ -248,15 +261,7 @@ def test_sglang_metadata_path_gives_exact_and_bounded_tables(made, kind):
         obj.init_forward_metadata(forward_batch(lens, mode, host_lens=False))  # gpu_only: no host lengths
         check(obj.chunkmeta.tables, lens, "bounded")
         assert obj.chunkmeta.tables.num_rows == layout.chunk_row_bound(len(lens), sum(lens), 64)
-    decode = ForwardBatch(
-        forward_mode=ForwardMode.DECODE,
-        batch_size=3,
-        input_ids=torch.zeros(3, dtype=torch.int64),
-        req_pool_indices=torch.arange(3),
-        seq_lens=torch.full((3,), 9),
-        out_cache_loc=torch.zeros(3, dtype=torch.int64),
-        seq_lens_sum=27,
-    )
+    decode = decode_batch()
     obj.init_forward_metadata(decode)
     assert obj.chunkmeta.tables is None and obj.forward_metadata.query_start_loc.tolist() == [0, 1, 2, 3]
 
@@ -423,15 +428,7 @@ def test_sglang_graph_hooks_pass_through():
         obj.cached_cuda_graph_decode_query_start_loc = torch.arange(0, 5, dtype=torch.int32)
         obj.query_start_loc_list = [torch.zeros(i + 2, dtype=torch.int32) for i in range(4)]
         obj.state_indices_list = [torch.full((i + 1,), -1, dtype=torch.int32) for i in range(4)]
-        decode = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=3,
-            input_ids=torch.zeros(3, dtype=torch.int64),
-            req_pool_indices=torch.arange(3),
-            seq_lens=torch.full((3,), 9),
-            out_cache_loc=torch.zeros(3, dtype=torch.int64),
-            seq_lens_sum=27,
-        )
+        decode = decode_batch()
         obj.init_forward_metadata(forward_batch([100, 5]))
         obj.init_forward_metadata_out_graph(decode, in_capture=True)
         obj.init_forward_metadata_in_graph(decode)

@@ -67,8 +67,11 @@ def cache_dir() -> Path:
 
 
 def source(name: str) -> str:
-    """The text of ``chunkmeta/csrc/<name>``."""
-    return (CSRC / name).read_text()
+    """The text of ``chunkmeta/csrc/<name>``; Unavailable if the package was installed without it."""
+    try:
+        return (CSRC / name).read_text()
+    except OSError as exc:
+        raise Unavailable(f"cannot read chunkmeta's source {CSRC / name} ({exc})") from None
 
 
 def _key(*parts) -> str:

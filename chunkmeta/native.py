@@ -50,7 +50,7 @@ def module():
         return _module
     _module = None
     loaded = jit.extension("chunkmeta_native", "host_build.c", switch=SWITCH, libraries=("dl",),
-                           what="the compiled host build is off (plans use numpy, CUDA builds Triton's launcher)")
+                           what="the compiled host build is off (plans use numpy, CUDA builds launch through Triton)")
     if loaded is None:
         return None
     if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):

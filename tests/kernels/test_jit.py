@@ -110,6 +110,14 @@ def test_an_unwritable_cache_directory(monkeypatch, tmp_path, caplog):
     assert "cannot write the compiled extension" in message and "CHUNKMETA_CACHE_DIR" in message
 
 
+def test_a_package_installed_without_its_sources(monkeypatch, tmp_path, caplog):
+    needs_gcc()
+    monkeypatch.setattr(jit, "CSRC", tmp_path / "csrc")
+    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    (message,) = warnings_of(caplog)
+    assert f"cannot read chunkmeta's source {tmp_path}/csrc/host_build.c" in message
+
+
 def test_the_switch_turns_the_attempt_and_the_warning_off(monkeypatch, tmp_path, caplog):
     ran = tmp_path / "ran"
     monkeypatch.setenv("CC", str(script(tmp_path / "cc", f"touch {ran}\nexit 1\n")))

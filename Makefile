@@ -34,6 +34,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
+	$(PY) bench/results.py render --check  # bench/RESULTS.md is what its data file renders to
 
 test: lint
 	$(PY) -m pytest
@@ -178,6 +179,7 @@ test-wheel:
 	rm -rf $(WHEEL_TEST)
 	$(PYTHON) -m venv $(WHEEL_TEST)/venv
 	$(WHEEL_TEST)/venv/bin/python -m pip install --quiet $(TORCH_PIN)
+	rm -rf build  # setuptools reuses build/lib: files deleted from the tree would ship again
 	$(WHEEL_TEST)/venv/bin/python -m pip wheel --quiet --no-deps . -w $(WHEEL_TEST)
 	$(WHEEL_TEST)/venv/bin/python -m pip install --quiet $(TORCH_PIN) $(WHEEL_TEST)/chunkmeta-*.whl
 	git ls-files chunkmeta integrations > $(WHEEL_TEST)/tracked.txt

@@ -44,8 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         steps = load_trace(args.trace)
-        run = replay(steps, device=device, backend=args.backend, chunk_size=args.chunk_size,
-                     repeats=args.repeats, compare_fla=not args.no_fla)
+        run = replay(
+            steps,
+            device=device,
+            backend=args.backend,
+            chunk_size=args.chunk_size,
+            repeats=args.repeats,
+            compare_fla=not args.no_fla,
+        )
     except ChunkMetaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

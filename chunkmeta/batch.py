@@ -50,13 +50,20 @@ class StepBatch:
     step_id: int | None = attrs.field(default=None, validator=_optional_index)
 
     @classmethod
-    def decode_first(cls, query_start_loc, query_start_loc_cpu, num_decodes: int, *,
-                     num_prefills: int | None = None, step_id: int | None = None) -> "StepBatch":
+    def decode_first(
+        cls,
+        query_start_loc,
+        query_start_loc_cpu,
+        num_decodes: int,
+        *,
+        num_prefills: int | None = None,
+        step_id: int | None = None,
+    ) -> StepBatch:
         """vLLM's order: ``num_decodes`` decode requests first, the prefills after them."""
         return cls(query_start_loc, query_start_loc_cpu, num_decodes, num_prefills, step_id)
 
     @classmethod
-    def all_prefill(cls, query_start_loc, query_start_loc_cpu, *, step_id: int | None = None) -> "StepBatch":
+    def all_prefill(cls, query_start_loc, query_start_loc_cpu, *, step_id: int | None = None) -> StepBatch:
         """Every request is a prefill row (SGLang EXTEND, and MIXED, whose decodes are one-token
         extends appended at the end)."""
         return cls(query_start_loc, query_start_loc_cpu, 0, None, step_id)

@@ -86,8 +86,16 @@ class ChunkMetadataBuilder:
     Results stay valid for ``ring_depth - 1`` later builds (``chunkmeta.ring``).
     """
 
-    def __init__(self, max_num_seqs: int, max_num_tokens: int, *, chunk_size: int = 64,
-                 device: torch.device | str, backend: str = "auto", ring_depth: int = 4):
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        *,
+        chunk_size: int = 64,
+        device: torch.device | str,
+        backend: str = "auto",
+        ring_depth: int = 4,
+    ):
         self.capacity = _plan.capacity_for(max_num_seqs, max_num_tokens, chunk_size)
         if not isinstance(ring_depth, int) or isinstance(ring_depth, bool) or not 1 <= ring_depth <= 64:
             raise ChunkMetaError(f"ring_depth={ring_depth!r}: must be an int in [1, 64].")
@@ -110,8 +118,11 @@ class ChunkMetadataBuilder:
         self._last_dev_len = -1
         # The C build: made for a layout after its first Triton launch compiled the kernel.
         module = native.cuda_launcher() if self.backend == "triton" and self.device.type == "cuda" else None
-        self.c_build = None if module is None else native.CBuild(module, self.ring, chunk_size, self._device_index,
-                                                                  self._params.data_ptr())
+        self.c_build = (
+            None
+            if module is None
+            else native.CBuild(module, self.ring, chunk_size, self._device_index, self._params.data_ptr())
+        )
 
     # -- public ---------------------------------------------------------------------------
 
@@ -132,8 +143,9 @@ class ChunkMetadataBuilder:
         """Sequences in the padded layout's cu_seqlens, per pad mode (cu_seqlens has one more entry)."""
         return {pad: _layout.padded_num_seqs(pad, self.capacity.seqs) for pad in PADS}
 
-    def build(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
-              num_seqs: int | None = None) -> ChunkMetadata:
+    def build(
+        self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None
+    ) -> ChunkMetadata:
         """FLA's exact layout for requests ``[first_seq, first_seq + num_seqs)`` of the batch."""
         self._accept(query_start_loc, query_start_loc_cpu)
         metadata = self._build_c(query_start_loc, first_seq, num_seqs, None)
@@ -141,8 +153,15 @@ class ChunkMetadataBuilder:
             metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), None)
         return metadata
 
-    def build_padded(self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0,
-                     num_seqs: int | None = None, pad: str = "tail") -> ChunkMetadata:
+    def build_padded(
+        self,
+        query_start_loc: torch.Tensor,
+        query_start_loc_cpu,
+        *,
+        first_seq: int = 0,
+        num_seqs: int | None = None,
+        pad: str = "tail",
+    ) -> ChunkMetadata:
         """The capacity-shaped layout (``chunkmeta.layout``): ``cu_seqlens`` / ``chunk_offsets``
         padded with zero-length tail sequences, ``chunk_indices`` with padding rows after every
         real row.
@@ -159,8 +178,9 @@ class ChunkMetadataBuilder:
             metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), pad)
         return metadata
 
-    def build_bounded(self, query_start_loc: torch.Tensor, *, max_num_tokens: int, num_seqs: int | None = None,
-                      pad: str = "past_end") -> ChunkMetadata:
+    def build_bounded(
+        self, query_start_loc: torch.Tensor, *, max_num_tokens: int, num_seqs: int | None = None, pad: str = "past_end"
+    ) -> ChunkMetadata:
         """The tables of ``query_start_loc``'s first ``num_seqs`` requests (default: all) when the
         host knows no lengths, only that they hold at most ``max_num_tokens`` tokens.
 
@@ -178,12 +198,12 @@ class ChunkMetadataBuilder:
         _plan.check_device_tensor(query_start_loc, length, self.device)
         n = length - 1 if num_seqs is None else _plan.index_arg("num_seqs", num_seqs)
         if not 0 <= n < length:
-            raise ChunkMetaError(
-                f"num_seqs={n}: must be in [0, {length - 1}] (query_start_loc has {length} entries)."
-            )
+            raise ChunkMetaError(f"num_seqs={n}: must be in [0, {length - 1}] (query_start_loc has {length} entries).")
         if n > self.capacity.seqs:
-            raise ChunkMetaError(f"num_seqs={n} exceeds the builder's capacity of {self.capacity.seqs} sequences: "
-                                 "size max_num_seqs to the engine's max_num_seqs.")
+            raise ChunkMetaError(
+                f"num_seqs={n} exceeds the builder's capacity of {self.capacity.seqs} sequences: "
+                "size max_num_seqs to the engine's max_num_seqs."
+            )
         tokens = _plan.index_arg("max_num_tokens", max_num_tokens)
         if not 0 <= tokens <= self.capacity.tokens:
             raise ChunkMetaError(
@@ -195,8 +215,21 @@ class ChunkMetadataBuilder:
         cu, indices, offsets, _ = self.ring.views(slot, shape.seqs_out, shape.rows_out)
         self._launch(query_start_loc, slot, (cu, indices, offsets), 0, n, shape, True)
         self.ring.publish(slot, generation)
-        return ChunkMetadata(cu, None, indices, offsets, self.chunk_size, n, tokens, shape.rows_out, tokens, pad,
-                             generation, self.ring, slot)
+        return ChunkMetadata(
+            cu,
+            None,
+            indices,
+            offsets,
+            self.chunk_size,
+            n,
+            tokens,
+            shape.rows_out,
+            tokens,
+            pad,
+            generation,
+            self.ring,
+            slot,
+        )
 
     def plan(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> _plan.StepPlan:
         """The host plan of a build (sizes, hints, every value check) without building."""
@@ -214,10 +247,20 @@ class ChunkMetadataBuilder:
         host = query_start_loc_cpu
         # data_ptr too: a tensor given new storage in place (set_, .data =) keeps its identity,
         # and the C build reads the cached address
-        if (host is not self._last_cpu or host.shape[0] != self._last_cpu_len
-                or (self._last_cpu_array is None and host.data_ptr() != self._last_cpu_address)):
-            if (type(host) is torch.Tensor and host.is_cpu and host.layout is torch.strided
-                    and host.dtype in _INT_DTYPES and host.dim() == 1 and host.shape[0] >= 1 and host.stride(0) == 1):
+        if (
+            host is not self._last_cpu
+            or host.shape[0] != self._last_cpu_len
+            or (self._last_cpu_array is None and host.data_ptr() != self._last_cpu_address)
+        ):
+            if (
+                type(host) is torch.Tensor
+                and host.is_cpu
+                and host.layout is torch.strided
+                and host.dtype in _INT_DTYPES
+                and host.dim() == 1
+                and host.shape[0] >= 1
+                and host.stride(0) == 1
+            ):
                 self._last_cpu_array = None
                 self._last_cpu_address = host.data_ptr()
                 self._last_cpu_len = host.shape[0]
@@ -229,11 +272,22 @@ class ChunkMetadataBuilder:
                 self._last_cpu_is64 = array.dtype.itemsize == 8
             self._last_cpu = host
         device = query_start_loc
-        if device is not self._last_dev or device.shape[0] != self._last_dev_len or self._last_cpu_len != self._last_dev_len:
+        if (
+            device is not self._last_dev
+            or device.shape[0] != self._last_dev_len
+            or self._last_cpu_len != self._last_dev_len
+        ):
             self._last_dev = None  # until the new tensor passes
-            if not (type(device) is torch.Tensor and device.is_cuda and device.get_device() == self._device_index
-                    and device.layout is torch.strided and device.dtype in _INT_DTYPES and device.dim() == 1
-                    and device.shape[0] == self._last_cpu_len and device.stride(0) == 1):
+            if not (
+                type(device) is torch.Tensor
+                and device.is_cuda
+                and device.get_device() == self._device_index
+                and device.layout is torch.strided
+                and device.dtype in _INT_DTYPES
+                and device.dim() == 1
+                and device.shape[0] == self._last_cpu_len
+                and device.stride(0) == 1
+            ):
                 _plan.check_device_tensor(device, self._last_cpu_len, self.device)
             self._last_dev, self._last_dev_len = device, device.shape[0]
 
@@ -242,8 +296,9 @@ class ChunkMetadataBuilder:
     def _plan(self, first_seq, num_seqs) -> _plan.StepPlan:
         if self._last_cpu_array is None:  # a tensor accepted without its numpy view
             self._last_cpu_array = _plan.host_array(self._last_cpu)
-        return _plan.plan_step(self._last_cpu_array, first_seq, num_seqs, self.chunk_size, self.capacity,
-                               self._last_cpu_address)
+        return _plan.plan_step(
+            self._last_cpu_array, first_seq, num_seqs, self.chunk_size, self.capacity, self._last_cpu_address
+        )
 
     def _shape(self, pad: str | None, num_seqs: int, num_chunks: int) -> _layout.Layout:
         """What a build writes: the batch's own sizes in the exact layout, the capacity's in a padded one."""
@@ -258,8 +313,9 @@ class ChunkMetadataBuilder:
         run (see ``chunkmeta.native.CBuild.build``)."""
         if self.c_build is None or self._last_cpu_address is None:
             return None
-        return self.c_build.build(pad, query_start_loc, self._last_cpu_address, self._last_cpu_len,
-                                  self._last_cpu_is64, first_seq, num_seqs)
+        return self.c_build.build(
+            pad, query_start_loc, self._last_cpu_address, self._last_cpu_len, self._last_cpu_is64, first_seq, num_seqs
+        )
 
     def _build(self, query_start_loc: torch.Tensor, step: _plan.StepPlan, pad: str | None) -> ChunkMetadata:
         # Validation is done: from here on nothing can fail on bad input.
@@ -267,17 +323,32 @@ class ChunkMetadataBuilder:
         shape = self._shape(pad, n, step.num_chunks)
         slot, generation = self.ring.claim()
         cu, indices, offsets, cu_cpu = self.ring.views(slot, shape.seqs_out, shape.rows_out)
-        launched = self._launch(query_start_loc, slot, (cu, indices, offsets), step.first_seq, n, shape,
-                                pad is not None)
+        launched = self._launch(
+            query_start_loc, slot, (cu, indices, offsets), step.first_seq, n, shape, pad is not None
+        )
         if launched and self.c_build is not None and not self.c_build.has_layout(pad, query_start_loc.dtype):
             self._make_c_fill(pad, query_start_loc.dtype, shape)
         _plan.write_host_cu_seqlens(step, self.ring.cu_seqlens_cpu_np[slot, : shape.seqs_out + 1])
         self.ring.publish(slot, generation)
-        return ChunkMetadata(cu, cu_cpu, indices, offsets, self.chunk_size, n, step.num_tokens, step.num_chunks,
-                             step.max_seqlen, pad, generation, self.ring, slot)
+        return ChunkMetadata(
+            cu,
+            cu_cpu,
+            indices,
+            offsets,
+            self.chunk_size,
+            n,
+            step.num_tokens,
+            step.num_chunks,
+            step.max_seqlen,
+            pad,
+            generation,
+            self.ring,
+            slot,
+        )
 
-    def _launch(self, query_start_loc, slot: int, tables, first_seq: int, num_seqs: int, shape: _layout.Layout,
-                padded: bool) -> bool:
+    def _launch(
+        self, query_start_loc, slot: int, tables, first_seq: int, num_seqs: int, shape: _layout.Layout, padded: bool
+    ) -> bool:
         """Queue the fill of ``shape`` into ring slot ``slot`` (``tables``: its sized views);
         False if there was nothing to write. ``padded``: rows past NT may be asked for (the
         kernel then finds NT itself)."""
@@ -290,8 +361,15 @@ class ChunkMetadataBuilder:
         fill = self._triton_fill(padded, shape.pad_chunk)
         cu_ptr, indices_ptr, offsets_ptr, _ = self.ring.pointers(slot)
         args = (first_seq, num_seqs, shape.rows_out, shape.seqs_out, shape.pad_seq)
-        if not fill.launch(query_start_loc.dtype, query_start_loc.data_ptr(), self._params.data_ptr(), cu_ptr,
-                           indices_ptr, offsets_ptr, *args):
+        if not fill.launch(
+            query_start_loc.dtype,
+            query_start_loc.data_ptr(),
+            self._params.data_ptr(),
+            cu_ptr,
+            indices_ptr,
+            offsets_ptr,
+            *args,
+        ):
             fill(query_start_loc, self._params, cu, indices, offsets, *args)
         return True
 
@@ -300,8 +378,13 @@ class ChunkMetadataBuilder:
         if fill is None:
             from chunkmeta.fill.triton_fill import TritonFill  # imports triton: see chunkmeta.fill.triton_fill
 
-            fill = TritonFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
-                              params_on_device=False, pad_chunk=pad_chunk)
+            fill = TritonFill(
+                chunk_size=self.chunk_size,
+                block_seqs=self.capacity.seqs,
+                padded=padded,
+                params_on_device=False,
+                pad_chunk=pad_chunk,
+            )
             self._triton_fills[(padded, pad_chunk)] = fill
         return fill
 
@@ -313,8 +396,9 @@ class ChunkMetadataBuilder:
 
         padded = pad is not None
         candidates = []
-        cuda = CudaFill(chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded,
-                        pad_chunk=shape.pad_chunk)
+        cuda = CudaFill(
+            chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded, pad_chunk=shape.pad_chunk
+        )
         kernel = cuda.kernel(dtype, self.device)
         if kernel is not None:
             candidates.append(("cuda", (kernel[0], cuda.block_rows, kernel[1], kernel[2])))
@@ -327,22 +411,33 @@ class ChunkMetadataBuilder:
         self.c_build.add_layout(pad, dtype, fixed, candidates)
 
 
-def build_chunk_metadata(query_start_loc: torch.Tensor, query_start_loc_cpu, *, chunk_size: int = 64,
-                         first_seq: int = 0, num_seqs: int | None = None, backend: str = "auto") -> ChunkMetadata:
+def build_chunk_metadata(
+    query_start_loc: torch.Tensor,
+    query_start_loc_cpu,
+    *,
+    chunk_size: int = 64,
+    first_seq: int = 0,
+    num_seqs: int | None = None,
+    backend: str = "auto",
+) -> ChunkMetadata:
     """One-shot build into freshly allocated tensors (sized to this batch): no ring, always live.
 
     For a step loop, keep a ``ChunkMetadataBuilder`` instead: it allocates once.
     """
     if not isinstance(query_start_loc, torch.Tensor):
-        raise ChunkMetaError(
-            f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor."
-        )
+        raise ChunkMetaError(f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor.")
     host = _plan.host_array(query_start_loc_cpu)
     _plan.check_device_tensor(query_start_loc, host.shape[0], None)
     _plan.check_chunk_size(chunk_size)
     # Validate against the widest sizes one build supports, then size the buffers to the batch.
     widest = _plan.Capacity(_plan.MAX_NUM_SEQS, _plan.INT32_MAX - chunk_size, _plan.INT32_MAX // chunk_size)
     step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest)
-    builder = ChunkMetadataBuilder(max(1, step.num_seqs), max(1, step.num_tokens), chunk_size=chunk_size,
-                                   device=query_start_loc.device, backend=backend, ring_depth=1)
+    builder = ChunkMetadataBuilder(
+        max(1, step.num_seqs),
+        max(1, step.num_tokens),
+        chunk_size=chunk_size,
+        device=query_start_loc.device,
+        backend=backend,
+        ring_depth=1,
+    )
     return builder._build(query_start_loc, step, None)

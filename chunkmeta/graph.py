@@ -33,7 +33,6 @@ from chunkmeta.builder import ChunkMetadataBuilder, resolve_backend
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata
 
-
 _EVENT_EVERY = 32  # staging slots per CUDA event
 
 
@@ -45,8 +44,14 @@ class GraphBuild:
     ``prepare()``: the next replay rewrites the same tensors.
     """
 
-    def __init__(self, builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, *, pad: str = "tail",
-                 staging_depth: int = 1024):
+    def __init__(
+        self,
+        builder: ChunkMetadataBuilder,
+        query_start_loc: torch.Tensor,
+        *,
+        pad: str = "tail",
+        staging_depth: int = 1024,
+    ):
         _layout.check_pad(pad, _layout.PADS, builder.capacity.tokens, builder.chunk_size)
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
@@ -75,8 +80,9 @@ class GraphBuild:
         self._params = torch.zeros(2, dtype=torch.int32, device=device)
         on_cuda = device.type == "cuda"
         if staging_depth % _EVENT_EVERY or staging_depth < 2 * _EVENT_EVERY:
-            raise ChunkMetaError(f"staging_depth={staging_depth}: must be a multiple of {_EVENT_EVERY}, at least "
-                                 f"{2 * _EVENT_EVERY}.")
+            raise ChunkMetaError(
+                f"staging_depth={staging_depth}: must be a multiple of {_EVENT_EVERY}, at least {2 * _EVENT_EVERY}."
+            )
         self._staging = torch.zeros(staging_depth, 2, dtype=torch.int32, pin_memory=on_cuda)
         self._staging_np = self._staging.numpy()
         # one event per block of _EVENT_EVERY slots, recorded after the block's last copy
@@ -85,8 +91,13 @@ class GraphBuild:
         self._device_index = device.index
         self._stream = None
         self._stream_raw = None
-        self._fill = TritonFill(chunk_size=builder.chunk_size, block_seqs=cap.seqs, padded=True,
-                                params_on_device=True, pad_chunk=shape.pad_chunk)
+        self._fill = TritonFill(
+            chunk_size=builder.chunk_size,
+            block_seqs=cap.seqs,
+            padded=True,
+            params_on_device=True,
+            pad_chunk=shape.pad_chunk,
+        )
         self._graph = None
         self._generation = 0
         self._retired_through = -1
@@ -100,8 +111,18 @@ class GraphBuild:
 
     def launch(self) -> ChunkMetadata:
         """Queue the fill on the current stream: the part to capture (or to run eagerly)."""
-        self._fill(self.query_start_loc, self._params, self._cu, self._indices, self._offsets, 0, 0, self.num_rows,
-                   self.padded_num_seqs, self._pad_seq)
+        self._fill(
+            self.query_start_loc,
+            self._params,
+            self._cu,
+            self._indices,
+            self._offsets,
+            0,
+            0,
+            self.num_rows,
+            self.padded_num_seqs,
+            self._pad_seq,
+        )
         return self._metadata
 
     def prepare(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
@@ -117,8 +138,9 @@ class GraphBuild:
                 f"query_start_loc_cpu has {host.shape[0]} entries but the static query_start_loc buffer "
                 f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
             )
-        step = _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.builder.capacity,
-                               _plan.host_address(host))
+        step = _plan.plan_step(
+            host, first_seq, num_seqs, self.chunk_size, self.builder.capacity, _plan.host_address(host)
+        )
         # validated: from here on nothing fails on bad input
         slot = self._generation % self._staging_np.shape[0]
         block = slot // _EVENT_EVERY
@@ -175,13 +197,27 @@ class GraphBuild:
 
     def retired_message(self, slot: int, generation: int) -> str:
         if generation <= self._retired_through:
-            return (f"graph-mode ChunkMetadata of step {generation} is retired: its step ended (the service's "
-                    "strict mode).")
+            return (
+                f"graph-mode ChunkMetadata of step {generation} is retired: its step ended (the service's strict mode)."
+            )
         return (
             f"graph-mode ChunkMetadata of step {generation} is retired: prepare() has staged step "
             f"{self._generation}, whose replay rewrites the same static tensors."
         )
 
     def _metadata_for(self, num_seqs, num_tokens, num_chunks, max_seqlen) -> ChunkMetadata:
-        return ChunkMetadata(self._cu, self._cu_cpu, self._indices, self._offsets, self.chunk_size, num_seqs,
-                             num_tokens, num_chunks, max_seqlen, self.pad, self._generation, self, 0)
+        return ChunkMetadata(
+            self._cu,
+            self._cu_cpu,
+            self._indices,
+            self._offsets,
+            self.chunk_size,
+            num_seqs,
+            num_tokens,
+            num_chunks,
+            max_seqlen,
+            self.pad,
+            self._generation,
+            self,
+            0,
+        )

@@ -100,7 +100,7 @@ class ChunkMetadata:
         """False once the owner has reused this object's buffers or retired its step."""
         return self._lease is None or self._lease.is_live(self._slot, self.generation)
 
-    def check_live(self) -> "ChunkMetadata":
+    def check_live(self) -> ChunkMetadata:
         """Raise ChunkMetaError if this object was retired; return it otherwise. Host-only."""
         if self._lease is not None and not self._lease.is_live(self._slot, self.generation):
             raise ChunkMetaError(self._lease.retired_message(self._slot, self.generation))

@@ -49,8 +49,13 @@ def module():
     if _module is not _NOT_LOADED:
         return _module
     _module = None
-    loaded = jit.extension("chunkmeta_native", "host_build.c", switch=SWITCH, libraries=("dl",),
-                           what="the compiled host build is off (plans use numpy, CUDA builds launch through Triton)")
+    loaded = jit.extension(
+        "chunkmeta_native",
+        "host_build.c",
+        switch=SWITCH,
+        libraries=("dl",),
+        what="the compiled host build is off (plans use numpy, CUDA builds launch through Triton)",
+    )
     if loaded is None:
         return None
     if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):
@@ -99,9 +104,22 @@ class CBuild:
         slots = [self.ring.pointers(k) for k in range(self.ring.depth)]
         made, chosen = None, None
         for name, (function, block_rows, num_warps, shared) in candidates:
-            made = self.module.make_fill(function, block_rows, num_warps, shared, self.chunk_size.bit_length() - 1,
-                                         cap.seqs, cap.tokens, cap.rows, shape[0], shape[1], shape[2],
-                                         self.params_ptr, slots, pad)
+            made = self.module.make_fill(
+                function,
+                block_rows,
+                num_warps,
+                shared,
+                self.chunk_size.bit_length() - 1,
+                cap.seqs,
+                cap.tokens,
+                cap.rows,
+                shape[0],
+                shape[1],
+                shape[2],
+                self.params_ptr,
+                slots,
+                pad,
+            )
             if made:
                 chosen = name
                 break
@@ -116,10 +134,22 @@ class CBuild:
             return None
         ring = self.ring
         slot, generation = ring.claim()
-        metadata = self.module.build(fill, host_address, host_len, is64, first_seq, num_seqs,
-                                     query_start_loc.data_ptr(), slot,
-                                     torch._C._cuda_getCurrentRawStream(self.device_index), generation, ring,
-                                     ring.seq_views, ring.row_views, ring.cached_views)
+        metadata = self.module.build(
+            fill,
+            host_address,
+            host_len,
+            is64,
+            first_seq,
+            num_seqs,
+            query_start_loc.data_ptr(),
+            slot,
+            torch._C._cuda_getCurrentRawStream(self.device_index),
+            generation,
+            ring,
+            ring.seq_views,
+            ring.row_views,
+            ring.cached_views,
+        )
         if type(metadata) is int:
             if metadata > 0:  # a CUresult: the launch failed
                 self._fills[key] = False

@@ -10,6 +10,7 @@ The hot path (``plan_step``) is a handful of cheap checks; when one of them fail
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from typing import NamedTuple
 
@@ -125,9 +126,7 @@ def host_array(query_start_loc_cpu) -> np.ndarray:
         array = query_start_loc_cpu.numpy()
     elif isinstance(query_start_loc_cpu, np.ndarray):
         if query_start_loc_cpu.dtype not in _NP_INTEGER_DTYPES:
-            raise ChunkMetaError(
-                f"query_start_loc_cpu has dtype {query_start_loc_cpu.dtype}: must be int32 or int64."
-            )
+            raise ChunkMetaError(f"query_start_loc_cpu has dtype {query_start_loc_cpu.dtype}: must be int32 or int64.")
         array = query_start_loc_cpu
     else:
         raise ChunkMetaError(
@@ -145,17 +144,11 @@ def host_array(query_start_loc_cpu) -> np.ndarray:
 def check_device_tensor(query_start_loc, host_len: int, device: torch.device | None) -> None:
     """The device copy: usable dtype, 1-D, contiguous, the host copy's length, the right device."""
     if not isinstance(query_start_loc, torch.Tensor):
-        raise ChunkMetaError(
-            f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor."
-        )
+        raise ChunkMetaError(f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor.")
     if query_start_loc.dtype not in _INTEGER_DTYPES:
-        raise ChunkMetaError(
-            f"query_start_loc has dtype {query_start_loc.dtype}: must be torch.int32 or torch.int64."
-        )
+        raise ChunkMetaError(f"query_start_loc has dtype {query_start_loc.dtype}: must be torch.int32 or torch.int64.")
     if query_start_loc.dim() != 1:
-        raise ChunkMetaError(
-            f"query_start_loc has shape {tuple(query_start_loc.shape)}: must be 1-D [R+1]."
-        )
+        raise ChunkMetaError(f"query_start_loc has shape {tuple(query_start_loc.shape)}: must be 1-D [R+1].")
     if query_start_loc.shape[0] != host_len:
         raise ChunkMetaError(
             f"query_start_loc has {query_start_loc.shape[0]} entries but query_start_loc_cpu has "
@@ -173,8 +166,14 @@ def check_device_tensor(query_start_loc, host_len: int, device: torch.device | N
         )
 
 
-def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size: int,
-              capacity: Capacity, address: int | None = None) -> StepPlan:
+def plan_step(
+    host: np.ndarray,
+    first_seq: int,
+    num_seqs: int | None,
+    chunk_size: int,
+    capacity: Capacity,
+    address: int | None = None,
+) -> StepPlan:
     """Sizes of one build; raises ChunkMetaError (via diagnose_step) on any bad input.
 
     With ``address`` (the host array's data address, from ``host_address``) the per-sequence
@@ -189,14 +188,9 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
         num_seqs = num_requests - first_seq
     elif type(num_seqs) is not int:
         num_seqs = index_arg("num_seqs", num_seqs)
-    if (
-        first_seq < 0
-        or num_seqs < 0
-        or first_seq + num_seqs > num_requests
-        or num_seqs > capacity.seqs
-    ):
+    if first_seq < 0 or num_seqs < 0 or first_seq + num_seqs > num_requests or num_seqs > capacity.seqs:
         diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
-    segment = host[first_seq: first_seq + num_seqs + 1]
+    segment = host[first_seq : first_seq + num_seqs + 1]
     start = int(segment[0])
     num_tokens = int(segment[-1]) - start
     if start < 0 or not 0 <= num_tokens <= capacity.tokens:
@@ -205,8 +199,9 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
     compiled = native.module() if num_seqs > _SMALL_BATCH and address is not None else None
     if compiled is not None:
         # one pass in C; it flags a decrease by comparing offsets, so lengths never wrap
-        bad, num_chunks, max_seqlen = compiled.plan(address + first_seq * host.itemsize, num_seqs,
-                                                    host.itemsize == 8, shift)
+        bad, num_chunks, max_seqlen = compiled.plan(
+            address + first_seq * host.itemsize, num_seqs, host.itemsize == 8, shift
+        )
         if bad:
             diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
     elif num_seqs <= _SMALL_BATCH:
@@ -226,7 +221,9 @@ def plan_step(host: np.ndarray, first_seq: int, num_seqs: int | None, chunk_size
         # A negative length shows up as a huge unsigned value. int32 differences can wrap only
         # when a value is negative; a wrap adds 2**32 tokens, so the row capacity check below
         # rejects it (capacity_for keeps rows * chunk_size < 2**32).
-        max_seqlen = int(np.maximum.reduce(lengths.view(np.uint64 if lengths.dtype == np.int64 else np.uint32), initial=0))
+        max_seqlen = int(
+            np.maximum.reduce(lengths.view(np.uint64 if lengths.dtype == np.int64 else np.uint32), initial=0)
+        )
         if max_seqlen > num_tokens:
             diagnose_step(host, first_seq, num_seqs, chunk_size, capacity)
         lengths += chunk_size - 1  # in place: lengths is this call's own temporary
@@ -242,7 +239,7 @@ def write_host_cu_seqlens(step: StepPlan, out: np.ndarray) -> None:
     slice rebased to 0, then zero-length tail sequences (the padded layout) up to the end."""
     n = step.num_seqs
     np.subtract(step.segment, step.segment[0], out=out[: n + 1], casting="unsafe")
-    out[n + 1:] = step.num_tokens
+    out[n + 1 :] = step.num_tokens
 
 
 def index_arg(name: str, value) -> int:
@@ -270,11 +267,9 @@ def diagnose_step(host: np.ndarray, first_seq: int, num_seqs: int, chunk_size: i
             f"num_seqs={num_seqs} exceeds the builder's capacity of {capacity.seqs} sequences: "
             "size max_num_seqs to the engine's max_num_seqs."
         )
-    values = [int(v) for v in host[first_seq: first_seq + num_seqs + 1].tolist()]
+    values = [int(v) for v in host[first_seq : first_seq + num_seqs + 1].tolist()]
     if values[0] < 0:
-        raise ChunkMetaError(
-            f"query_start_loc_cpu[{first_seq}]={values[0]}: offsets must be >= 0."
-        )
+        raise ChunkMetaError(f"query_start_loc_cpu[{first_seq}]={values[0]}: offsets must be >= 0.")
     for i in range(num_seqs):
         if values[i + 1] < values[i]:
             raise ChunkMetaError(
@@ -285,15 +280,14 @@ def diagnose_step(host: np.ndarray, first_seq: int, num_seqs: int, chunk_size: i
     num_tokens = values[-1] - values[0]
     if num_tokens > INT32_MAX:
         raise ChunkMetaError(
-            f"the prefill slice holds {num_tokens} tokens: more than int32 can index ({INT32_MAX}); "
-            "split the step."
+            f"the prefill slice holds {num_tokens} tokens: more than int32 can index ({INT32_MAX}); split the step."
         )
     if num_tokens > capacity.tokens:
         raise ChunkMetaError(
             f"the prefill slice holds {num_tokens} tokens, over the builder's capacity of "
             f"{capacity.tokens}: size max_num_tokens to the engine's max_num_batched_tokens."
         )
-    num_chunks = sum(cdiv(b - a, chunk_size) for a, b in zip(values, values[1:]))
+    num_chunks = sum(cdiv(b - a, chunk_size) for a, b in itertools.pairwise(values))
     if num_chunks > capacity.rows:
         raise ChunkMetaError(
             f"the prefill slice needs {num_chunks} chunk rows, over the builder's capacity of "

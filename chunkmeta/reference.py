@@ -6,7 +6,8 @@ implementation is checked against it.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 
 class Reference(NamedTuple):
@@ -19,8 +20,9 @@ class Reference(NamedTuple):
     max_seqlen: int
 
 
-def chunk_metadata(query_start_loc: Sequence[int], chunk_size: int, first_seq: int = 0,
-                   num_seqs: int | None = None) -> Reference:
+def chunk_metadata(
+    query_start_loc: Sequence[int], chunk_size: int, first_seq: int = 0, num_seqs: int | None = None
+) -> Reference:
     """FLA's (>= 0.5.1) cu_seqlens / chunk_indices / chunk_offsets for one prefill slice."""
     query_start_loc = [int(v) for v in query_start_loc]
     if num_seqs is None:
@@ -49,9 +51,16 @@ def chunk_metadata(query_start_loc: Sequence[int], chunk_size: int, first_seq: i
     )
 
 
-def padded_chunk_metadata(query_start_loc: Sequence[int], chunk_size: int, padded_num_seqs: int,
-                          padded_num_rows: int, pad_seq: int, first_seq: int = 0,
-                          num_seqs: int | None = None, pad_chunk: int = 0) -> Reference:
+def padded_chunk_metadata(
+    query_start_loc: Sequence[int],
+    chunk_size: int,
+    padded_num_seqs: int,
+    padded_num_rows: int,
+    pad_seq: int,
+    first_seq: int = 0,
+    num_seqs: int | None = None,
+    pad_chunk: int = 0,
+) -> Reference:
     """The padded layouts (CUDA graphs, and bounded rows): the exact metadata, then zero-length
     tail sequences up to ``padded_num_seqs`` and padding rows ``(pad_seq, pad_chunk)`` up to
     ``padded_num_rows``."""

@@ -31,8 +31,15 @@ _EXAMPLE = '{"query_start_loc": [0, 1, 2, 302], "first_seq": 2, "num_seqs": 1}'
 _KEYS = ("query_start_loc", "first_seq", "num_seqs")
 _INT32_MAX = 2**31 - 1
 # what json.loads returns, by the JSON names a user wrote
-_JSON_KINDS = {int: "an int", bool: "a boolean", float: "a float", str: "a string", type(None): "null",
-               list: "an array", dict: "an object"}
+_JSON_KINDS = {
+    int: "an int",
+    bool: "a boolean",
+    float: "a float",
+    str: "a string",
+    type(None): "null",
+    list: "an array",
+    dict: "an object",
+}
 
 
 def load_trace(path: str | Path | None = None) -> list[Batch]:
@@ -56,11 +63,13 @@ def _step(where: str, line: str) -> Batch:
     try:
         record = json.loads(line, object_pairs_hook=lambda pairs: _object(where, pairs))
     except json.JSONDecodeError as exc:
-        raise ChunkMetaError(f"{where}: not JSON ({exc.msg}, column {exc.colno}); each line is a step like "
-                             f"{_EXAMPLE}") from None
+        raise ChunkMetaError(
+            f"{where}: not JSON ({exc.msg}, column {exc.colno}); each line is a step like {_EXAMPLE}"
+        ) from None
     if not isinstance(record, dict):
-        raise ChunkMetaError(f"{where}: {_JSON_KINDS[type(record)]}, not a JSON object; "
-                             f"each line is a step like {_EXAMPLE}")
+        raise ChunkMetaError(
+            f"{where}: {_JSON_KINDS[type(record)]}, not a JSON object; each line is a step like {_EXAMPLE}"
+        )
     unknown = [key for key in record if key not in _KEYS]
     if unknown:
         raise ChunkMetaError(f"{where}: unknown key {unknown[0]!r}; a step has only {', '.join(map(repr, _KEYS))}.")
@@ -68,19 +77,29 @@ def _step(where: str, line: str) -> Batch:
         raise ChunkMetaError(f"{where}: 'query_start_loc' is missing; each line is a step like {_EXAMPLE}")
     qsl = record["query_start_loc"]
     if not isinstance(qsl, list) or not qsl:
-        raise ChunkMetaError(f"{where}: 'query_start_loc' is {json.dumps(qsl)}: must be a non-empty array of ints "
-                             "(the step's cumulative query lengths, e.g. [0, 1, 2, 302]).")
+        raise ChunkMetaError(
+            f"{where}: 'query_start_loc' is {json.dumps(qsl)}: must be a non-empty array of ints "
+            "(the step's cumulative query lengths, e.g. [0, 1, 2, 302])."
+        )
     for k, value in enumerate(qsl):
         _check_int(where, f"query_start_loc[{k}]", value, 0, _INT32_MAX, "(int32, as engines hand it over)")
         if k and value < qsl[k - 1]:
-            raise ChunkMetaError(f"{where}: 'query_start_loc' decreases at index {k} ({qsl[k - 1]} -> {value}): "
-                                 "offsets are cumulative lengths, never smaller than the one before.")
+            raise ChunkMetaError(
+                f"{where}: 'query_start_loc' decreases at index {k} ({qsl[k - 1]} -> {value}): "
+                "offsets are cumulative lengths, never smaller than the one before."
+            )
     requests = len(qsl) - 1
     first_seq = record.get("first_seq", 0)
     _check_int(where, "first_seq", first_seq, 0, requests, f"(query_start_loc has {requests} requests)")
     num_seqs = record.get("num_seqs", requests - first_seq)
-    _check_int(where, "num_seqs", num_seqs, 0, requests - first_seq,
-               f"(query_start_loc has {requests} requests, the slice starts at first_seq={first_seq})")
+    _check_int(
+        where,
+        "num_seqs",
+        num_seqs,
+        0,
+        requests - first_seq,
+        f"(query_start_loc has {requests} requests, the slice starts at first_seq={first_seq})",
+    )
     return Batch(qsl, first_seq, num_seqs)
 
 
@@ -103,8 +122,10 @@ def _check_int(where: str, key: str, value: object, low: int, high: int, why: st
 
 
 def write_trace(path: str | Path, steps: list[Batch]) -> None:
-    lines = [json.dumps({"query_start_loc": b.query_start_loc, "first_seq": b.first_seq, "num_seqs": b.num_seqs})
-             for b in steps]
+    lines = [
+        json.dumps({"query_start_loc": b.query_start_loc, "first_seq": b.first_seq, "num_seqs": b.num_seqs})
+        for b in steps
+    ]
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -155,8 +176,15 @@ def _fla_prepare():
     return run
 
 
-def replay(steps: list[Batch], *, device: str = "cpu", backend: str = "auto", chunk_size: int = 64,
-           repeats: int = 5, compare_fla: bool = True) -> Replay:
+def replay(
+    steps: list[Batch],
+    *,
+    device: str = "cpu",
+    backend: str = "auto",
+    chunk_size: int = 64,
+    repeats: int = 5,
+    compare_fla: bool = True,
+) -> Replay:
     """Build every step ``repeats`` times through one builder, check each result against the
     reference, and time it (and FLA's prepare_* on the same steps, when fla-core is installed)."""
     max_seqs = max(1, max(b.num_seqs for b in steps))
@@ -180,14 +208,15 @@ def replay(steps: list[Batch], *, device: str = "cpu", backend: str = "auto", ch
             matched = matched and _matches(box[0], ref)
         fla_us = None
         if fla is not None:
-            cu = qsl[batch.first_seq: batch.first_seq + batch.num_seqs + 1] - qsl[batch.first_seq]
+            cu = qsl[batch.first_seq : batch.first_seq + batch.num_seqs + 1] - qsl[batch.first_seq]
             # FLA caches its results by tensor identity: a fresh tensor per call defeats the cache.
             fresh = [cu.clone() for _ in range(repeats + 1)]
             fla(fresh.pop(), chunk_size)  # warm-up
             fla_us = median([host_us(lambda t=t: fla(t, chunk_size)) for t in fresh])
         device_us = device_us_per_call(build, calls=50) if builder.device.type == "cuda" else None
-        results.append(StepResult(ref.num_seqs, ref.num_tokens, ref.num_chunks, median(times), fla_us,
-                                  device_us, matched))
+        results.append(
+            StepResult(ref.num_seqs, ref.num_tokens, ref.num_chunks, median(times), fla_us, device_us, matched)
+        )
     return Replay(results, builder.backend)
 
 

@@ -50,8 +50,10 @@ class Ring:
         self.chunk_indices = torch.zeros(depth, _round_up(capacity.rows, 2), 2, dtype=torch.int32, device=device)
         self.cu_seqlens_cpu = torch.zeros(depth, seqs, dtype=torch.int32)
         self.cu_seqlens_cpu_np = self.cu_seqlens_cpu.numpy()
-        self._slots = [(self.cu_seqlens[k], self.chunk_indices[k], self.chunk_offsets[k], self.cu_seqlens_cpu[k])
-                       for k in range(depth)]
+        self._slots = [
+            (self.cu_seqlens[k], self.chunk_indices[k], self.chunk_offsets[k], self.cu_seqlens_cpu[k])
+            for k in range(depth)
+        ]
         self._pointers = [tuple(t.data_ptr() for t in slot) for slot in self._slots]
         self._slot_generation = [0] * depth
         self._retired_through = 0  # generations <= this were retired explicitly (retire())
@@ -115,8 +117,10 @@ class Ring:
 
     def retired_message(self, slot: int, generation: int) -> str:
         if generation <= self._retired_through:
-            return (f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
-                    "mode). Use the open step's metadata (service.current).")
+            return (
+                f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
+                "mode). Use the open step's metadata (service.current)."
+            )
         return (
             f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
             f"{self._slot_generation[slot]} (ring_depth={self.depth}). Use the current step's "

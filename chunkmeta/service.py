@@ -65,11 +65,22 @@ class ServiceStats:
 class ChunkMetaService:
     """Owns a ``ChunkMetadataBuilder`` and serves one ``ChunkMetadata`` per engine step."""
 
-    def __init__(self, max_num_seqs: int, max_num_tokens: int, *, chunk_size: int = 64,
-                 device: torch.device | str, backend: str = "auto", ring_depth: int = 4, strict: bool = False,
-                 stats_window: int = 1024, audit_every: int = 0):
-        self.builder = ChunkMetadataBuilder(max_num_seqs, max_num_tokens, chunk_size=chunk_size, device=device,
-                                            backend=backend, ring_depth=ring_depth)
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        *,
+        chunk_size: int = 64,
+        device: torch.device | str,
+        backend: str = "auto",
+        ring_depth: int = 4,
+        strict: bool = False,
+        stats_window: int = 1024,
+        audit_every: int = 0,
+    ):
+        self.builder = ChunkMetadataBuilder(
+            max_num_seqs, max_num_tokens, chunk_size=chunk_size, device=device, backend=backend, ring_depth=ring_depth
+        )
         self.strict = strict
         # audit_every > 0: every k-th step also checks the device query_start_loc against the host
         # copy (a sync: a debugging aid, off by default); see plan.verify_host_copy.
@@ -96,8 +107,9 @@ class ChunkMetaService:
         if self.audit_every and self._recorded % self.audit_every == 0:
             verify_host_copy(batch.query_start_loc, batch.query_start_loc_cpu)
         start = time.perf_counter_ns()
-        metadata = self.builder.build(batch.query_start_loc, batch.query_start_loc_cpu,
-                                      first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        metadata = self.builder.build(
+            batch.query_start_loc, batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs
+        )
         self._record(time.perf_counter_ns() - start, metadata)
         return self._open(metadata, batch.step_id)
 

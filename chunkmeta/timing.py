@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -45,8 +45,9 @@ def busy_queue(us: float = 1000.0) -> None:
     torch.cuda._sleep(int(us * 2000))
 
 
-def device_us_per_call(fn: Callable[[], object], calls: int = 200, lead_us: float | None = None,
-                       repeats: int = 1) -> float:
+def device_us_per_call(
+    fn: Callable[[], object], calls: int = 200, lead_us: float | None = None, repeats: int = 1
+) -> float:
     """GPU time per call of ``fn``: CUDA events around ``calls`` calls queued behind a sleep kernel;
     with ``repeats`` > 1, the median of that many such measurements.
 

@@ -81,8 +81,9 @@ def random_decode_first(rng: np.random.Generator, max_seqs: int, max_tokens: int
     return from_lengths([1] * num_decodes + lengths, first_seq=num_decodes, start=start)
 
 
-def simulate_engine(seed: int = 0, num_steps: int = 50, token_budget: int = 4096, max_seqs: int = 64,
-                    pad_to: int = 4) -> list[Batch]:
+def simulate_engine(
+    seed: int = 0, num_steps: int = 50, token_budget: int = 4096, max_seqs: int = 64, pad_to: int = 4
+) -> list[Batch]:
     """Steps of a decode-first engine with chunked prefill (vLLM's order), as a scheduler sees them.
 
     Each step: every running request decodes one token (first in the batch); then prefills fill

@@ -69,26 +69,45 @@ class CudaFill:
     ``defines``: the kernel's compile-time constants (``chunk_fill.h`` lists them), ``QSL_T``
     apart; the grid is ``cdiv(num_rows, block_rows)`` programs (at least 1) of ``threads``."""
 
-    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, pad_chunk: int = 0,
-                 threads: int | None = None, block_rows: int | None = None):
+    def __init__(
+        self,
+        *,
+        chunk_size: int,
+        block_seqs: int,
+        padded: bool,
+        pad_chunk: int = 0,
+        threads: int | None = None,
+        block_rows: int | None = None,
+    ):
         lanes, default_threads = launch_shape(block_seqs)
         self.threads = threads or default_threads
         self.block_rows = block_rows or self.threads
         self.seq_lanes = max(lanes, self.threads)
         if self.threads & (self.threads - 1) or not 32 <= self.threads <= 1024 or self.block_rows % self.threads:
-            raise ValueError(f"threads={self.threads}, block_rows={self.block_rows}: threads a power of two in "
-                             "[32, 1024] dividing block_rows")
+            raise ValueError(
+                f"threads={self.threads}, block_rows={self.block_rows}: threads a power of two in "
+                "[32, 1024] dividing block_rows"
+            )
         warp_lanes = 32 * self.seq_lanes // self.threads
-        self.defines = (("CHUNK_SHIFT", chunk_size.bit_length() - 1), ("SEQ_LANES", self.seq_lanes),
-                        ("LOG2_WARP_LANES", warp_lanes.bit_length() - 1),
-                        ("THREADS", self.threads), ("BLOCK_ROWS", self.block_rows), ("PADDED", int(padded)),
-                        ("PAD_CHUNK", pad_chunk))
+        self.defines = (
+            ("CHUNK_SHIFT", chunk_size.bit_length() - 1),
+            ("SEQ_LANES", self.seq_lanes),
+            ("LOG2_WARP_LANES", warp_lanes.bit_length() - 1),
+            ("THREADS", self.threads),
+            ("BLOCK_ROWS", self.block_rows),
+            ("PADDED", int(padded)),
+            ("PAD_CHUNK", pad_chunk),
+        )
 
     def kernel(self, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int] | None:
         """``(CUfunction, num_warps, dynamic shared bytes)`` for ``query_start_loc`` of ``dtype`` on
         ``device``, as ``chunkmeta.native.make_fill`` takes it; None when it cannot be had."""
-        if (not jit.enabled(SWITCH) or device.type != "cuda" or self.seq_lanes > _MAX_SEQ_LANES
-                or dtype not in (torch.int32, torch.int64)):
+        if (
+            not jit.enabled(SWITCH)
+            or device.type != "cuda"
+            or self.seq_lanes > _MAX_SEQ_LANES
+            or dtype not in (torch.int32, torch.int64)
+        ):
             return None
         qsl_t = qsl_type(dtype)
         key = (device.index, qsl_t, self.defines)
@@ -119,8 +138,12 @@ def launch(function: int, grid: int, threads: int, stream: int, pointers, int32s
     """``cuLaunchKernel`` through ctypes: pointer parameters, then int32 ones."""
     values = [ctypes.c_uint64(a) for a in pointers] + [ctypes.c_int32(a) for a in int32s]
     params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    check(_cuda().cuLaunchKernel(ctypes.c_void_p(function), grid, 1, 1, threads, 1, 1, 0, ctypes.c_void_p(stream),
-                                  params, None), "cuLaunchKernel")
+    check(
+        _cuda().cuLaunchKernel(
+            ctypes.c_void_p(function), grid, 1, 1, threads, 1, 1, 0, ctypes.c_void_p(stream), params, None
+        ),
+        "cuLaunchKernel",
+    )
 
 
 def _source(qsl_t: str, defines, body: str | None = None) -> bytes:

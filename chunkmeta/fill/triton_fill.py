@@ -14,7 +14,6 @@ import contextlib
 import os
 
 import torch
-
 import triton
 import triton.language as tl
 
@@ -114,8 +113,9 @@ def chunk_metadata_kernel(
 
     keys = tl.reshape(tl.where(real_seq, chunk_ends, 2147483647), [BLOCK_SEQS])
     if ROW_SEARCH:
-        rows, seq, seq_start = _find_rows(keys, tile_ends, pid * BLOCK_ROWS, BLOCK_ROWS, ROW_GROUPS,
-                                          LOG2_BLOCK_SEQS - LOG2_SCAN_COLS, LOG2_SCAN_COLS)
+        rows, seq, seq_start = _find_rows(
+            keys, tile_ends, pid * BLOCK_ROWS, BLOCK_ROWS, ROW_GROUPS, LOG2_BLOCK_SEQS - LOG2_SCAN_COLS, LOG2_SCAN_COLS
+        )
     else:  # a diagnostic (bench/kernel_sweep.py): the kernel's cost without its search
         rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         seq = tl.min(keys, 0) + tl.zeros_like(rows)
@@ -146,8 +146,15 @@ def _lift(source, pos, found, rows, span: tl.constexpr, rounds: tl.constexpr, ax
 
 
 @triton.jit
-def _find_rows(keys, tile_ends, first_row, BLOCK_ROWS: tl.constexpr, ROW_GROUPS: tl.constexpr,
-               LOG2_TILES: tl.constexpr, LOG2_COLS: tl.constexpr):
+def _find_rows(
+    keys,
+    tile_ends,
+    first_row,
+    BLOCK_ROWS: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
+    LOG2_TILES: tl.constexpr,
+    LOG2_COLS: tl.constexpr,
+):
     """Rows ``first_row + [0, BLOCK_ROWS)`` with the sequence of each and that sequence's first
     row: binary lifting over the sorted chunk ends ``keys`` [TILES * COLS], in three phases of
     decreasing grain.
@@ -168,8 +175,9 @@ def _find_rows(keys, tile_ends, first_row, BLOCK_ROWS: tl.constexpr, ROW_GROUPS:
     rows = first_row + tl.arange(0, groups)[:, None] * cols + tl.arange(0, cols)[None, :]
     coarse_ends = tl.max(tl.reshape(tile_ends, [coarse, per_coarse]), 1)
     found = tl.zeros(rows.shape, dtype=tl.int32)
-    pos, found = _lift(tl.broadcast_to(coarse_ends[None, :], [groups, coarse]), found, found, rows, coarse,
-                       LOG2_COARSE, 1)
+    pos, found = _lift(
+        tl.broadcast_to(coarse_ends[None, :], [groups, coarse]), found, found, rows, coarse, LOG2_COARSE, 1
+    )
     rows = tl.reshape(rows, [BLOCK_ROWS])
     found = tl.reshape(found, [BLOCK_ROWS])
     tile = tl.reshape(pos * per_coarse, [BLOCK_ROWS])
@@ -207,9 +215,19 @@ class TritonFill:
     whose C build launches it with no Python in between.
     """
 
-    def __init__(self, *, chunk_size: int, block_seqs: int, padded: bool, params_on_device: bool,
-                 pad_chunk: int = 0, block_rows: int | None = None, num_warps: int | None = None, scan_cols: int | None = None,
-                 row_search: bool = True):
+    def __init__(
+        self,
+        *,
+        chunk_size: int,
+        block_seqs: int,
+        padded: bool,
+        params_on_device: bool,
+        pad_chunk: int = 0,
+        block_rows: int | None = None,
+        num_warps: int | None = None,
+        scan_cols: int | None = None,
+        row_search: bool = True,
+    ):
         self.block_seqs = next_pow2(max(block_seqs, 2))
         # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 256 sequences, 128-, 256-
         # and 512-row programs are within ~0.1 µs of each other (256 kept); from 1024, 512-row
@@ -240,26 +258,74 @@ class TritonFill:
         self._kernels = {}  # query_start_loc dtype -> compiled kernel
         self._launchers = {}  # query_start_loc dtype -> (callable, function, fixed leading arguments)
 
-    def launch(self, dtype: torch.dtype, query_start_loc: int, params: int, cu_seqlens: int, chunk_indices: int,
-               chunk_offsets: int, first_seq: int, num_seqs: int, num_rows: int, seqs_out: int, pad_seq: int) -> bool:
+    def launch(
+        self,
+        dtype: torch.dtype,
+        query_start_loc: int,
+        params: int,
+        cu_seqlens: int,
+        chunk_indices: int,
+        chunk_offsets: int,
+        first_seq: int,
+        num_seqs: int,
+        num_rows: int,
+        seqs_out: int,
+        pad_seq: int,
+    ) -> bool:
         """Fast launch with data pointers as ints; False (nothing launched) if not available."""
         launcher = self._launchers.get(dtype)
         if launcher is None or torch._C._cuda_getDevice() != self._device_index:
             return False
         call, function, fixed = launcher
-        call(-(-num_rows // self.block_rows) or 1, 1, 1, torch._C._cuda_getCurrentRawStream(self._device_index),
-             function, *fixed, query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq,
-             num_seqs, num_rows, seqs_out, pad_seq, *self._constexpr_values)
+        call(
+            -(-num_rows // self.block_rows) or 1,
+            1,
+            1,
+            torch._C._cuda_getCurrentRawStream(self._device_index),
+            function,
+            *fixed,
+            query_start_loc,
+            params,
+            cu_seqlens,
+            chunk_indices,
+            chunk_offsets,
+            first_seq,
+            num_seqs,
+            num_rows,
+            seqs_out,
+            pad_seq,
+            *self._constexpr_values,
+        )
         return True
 
-    def __call__(self, query_start_loc: torch.Tensor, params: torch.Tensor, cu_seqlens: torch.Tensor,
-                 chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, first_seq: int, num_seqs: int,
-                 num_rows: int, seqs_out: int, pad_seq: int = 0) -> None:
+    def __call__(
+        self,
+        query_start_loc: torch.Tensor,
+        params: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        chunk_indices: torch.Tensor,
+        chunk_offsets: torch.Tensor,
+        first_seq: int,
+        num_seqs: int,
+        num_rows: int,
+        seqs_out: int,
+        pad_seq: int = 0,
+    ) -> None:
         """Launch through the JIT with tensors (works everywhere, including the interpreter), on
         the current stream of the tensors' device whichever device is current."""
-        if self.launch(query_start_loc.dtype, query_start_loc.data_ptr(), params.data_ptr(), cu_seqlens.data_ptr(),
-                       chunk_indices.data_ptr(), chunk_offsets.data_ptr(), first_seq, num_seqs, num_rows,
-                       seqs_out, pad_seq):
+        if self.launch(
+            query_start_loc.dtype,
+            query_start_loc.data_ptr(),
+            params.data_ptr(),
+            cu_seqlens.data_ptr(),
+            chunk_indices.data_ptr(),
+            chunk_offsets.data_ptr(),
+            first_seq,
+            num_seqs,
+            num_rows,
+            seqs_out,
+            pad_seq,
+        ):
             return
         grid = (-(-num_rows // self.block_rows) or 1,)
         # Triton launches on the current device: with another one current (a runner's helper
@@ -268,8 +334,18 @@ class TritonFill:
         device = query_start_loc.device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             kernel = chunk_metadata_kernel[grid](
-                query_start_loc, params, cu_seqlens, chunk_indices, chunk_offsets, first_seq, num_seqs, num_rows,
-                seqs_out, pad_seq, num_warps=self.num_warps, **self.constexprs,
+                query_start_loc,
+                params,
+                cu_seqlens,
+                chunk_indices,
+                chunk_offsets,
+                first_seq,
+                num_seqs,
+                num_rows,
+                seqs_out,
+                pad_seq,
+                num_warps=self.num_warps,
+                **self.constexprs,
             )
         dtype = query_start_loc.dtype
         if dtype not in self._kernels and query_start_loc.is_cuda and _fast_launch_enabled():

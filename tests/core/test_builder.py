@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkmeta
+from checks import assert_dtypes, assert_exact, assert_padded, tensors_for
 from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, build_chunk_metadata, layout
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
-from checks import assert_dtypes, assert_exact, assert_padded, tensors_for
 from strategies import CHUNK_SIZES, batches
 
 BACKENDS = ["torch", "triton"]
@@ -21,8 +21,9 @@ BACKENDS = ["torch", "triton"]
 def test_one_shot_equals_reference(backend, data, chunk_size, dtype):
     batch = data.draw(batches(chunk_size))
     qsl, qsl_cpu = tensors_for(batch, dtype=dtype)
-    md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size, first_seq=batch.first_seq,
-                              num_seqs=batch.num_seqs, backend=backend)
+    md = build_chunk_metadata(
+        qsl, qsl_cpu, chunk_size=chunk_size, first_seq=batch.first_seq, num_seqs=batch.num_seqs, backend=backend
+    )
     assert_dtypes(md, "cpu")
     assert_exact(md, batch, chunk_size)
 
@@ -64,8 +65,7 @@ def test_padded_layout_at_full_sequence_capacity(backend, pad):
     for batch in (from_lengths([10, 64, 65, 1]), from_lengths([0, 0, 0, 0]), from_lengths([], first_seq=0)):
         qsl, qsl_cpu = tensors_for(batch)
         md = builder.build_padded(qsl, qsl_cpu, pad=pad)
-        assert_padded(md, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
-                      *layout.padding_row(pad, 4))
+        assert_padded(md, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows, *layout.padding_row(pad, 4))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -142,8 +142,7 @@ def test_thousands_of_sequences_and_a_long_prompt(backend):
     ]
     for batch in cases:
         qsl, qsl_cpu = tensors_for(batch)
-        md = build_chunk_metadata(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs,
-                                  backend=backend)
+        md = build_chunk_metadata(qsl, qsl_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs, backend=backend)
         assert_exact(md, batch, 64)
 
 
@@ -230,7 +229,6 @@ def test_same_host_tensor_mutated_between_steps():
         assert_exact(md, batch, 64)
 
 
-
 @pytest.mark.parametrize("pad", [None, "tail"])
 def test_cu_seqlens_are_new_objects_every_build(pad):
     """FLA memoizes its helpers (prepare_lens, prepare_chunk_indices, ...) by argument identity:
@@ -243,8 +241,7 @@ def test_cu_seqlens_are_new_objects_every_build(pad):
         batch = from_lengths(lengths)
         qsl, qsl_cpu = tensors_for(batch)
         md = builder.build(qsl, qsl_cpu) if pad is None else builder.build_padded(qsl, qsl_cpu, pad=pad)
-        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu
-                   for old in seen)
+        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu for old in seen)
         seen.append(md)
         if pad is None:  # FLA's helper on the exact layout: this step's rows, not a cached step's
             rows = fla_index.prepare_chunk_indices(md.cu_seqlens, 16)
@@ -265,8 +262,8 @@ def test_fresh_views_of_persistent_buffers_each_step():
         values = torch.tensor(batch.query_start_loc, dtype=torch.int32)
         device_buffer[:r1] = values
         if step % 3 == 2:  # every other element of a larger buffer: not contiguous
-            host_buffer[: 2 * r1: 2] = values
-            host = host_buffer[: 2 * r1: 2]
+            host_buffer[: 2 * r1 : 2] = values
+            host = host_buffer[: 2 * r1 : 2]
         else:
             host_buffer[:r1] = values
             host = host_buffer[:r1]

@@ -18,9 +18,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkmeta import ChunkMetaError, ChunkMetadataBuilder, ChunkMetaService, StepBatch, build_chunk_metadata
-from chunkmeta.workloads import from_lengths
 from checks import as_lists, assert_exact, tensors_for
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, ChunkMetaService, StepBatch, build_chunk_metadata
+from chunkmeta.workloads import from_lengths
 from strategies import batches
 
 CAP_SEQS, CAP_TOKENS = 16, 4000
@@ -42,10 +42,16 @@ def _corruptions():
 
     return [
         ("non-monotonic", swap_in_slice, ["query_start_loc_cpu", "decreasing"]),
-        ("negative", lambda q, c, kw: (q, torch.cat([torch.tensor([-7], dtype=c.dtype), c[1:]]), {**kw, "first_seq": 0}),
-         ["query_start_loc_cpu", "-7"]),
-        ("over 2^31 tokens", lambda q, c, kw: (torch.tensor([0, 10, 2**31 + 5]), torch.tensor([0, 10, 2**31 + 5]), {}),
-         ["2147483653 tokens", "int32"]),
+        (
+            "negative",
+            lambda q, c, kw: (q, torch.cat([torch.tensor([-7], dtype=c.dtype), c[1:]]), {**kw, "first_seq": 0}),
+            ["query_start_loc_cpu", "-7"],
+        ),
+        (
+            "over 2^31 tokens",
+            lambda q, c, kw: (torch.tensor([0, 10, 2**31 + 5]), torch.tensor([0, 10, 2**31 + 5]), {}),
+            ["2147483653 tokens", "int32"],
+        ),
         ("length mismatch", lambda q, c, kw: (q[:-1], c, kw), ["query_start_loc", "entries"]),
         ("float host", lambda q, c, kw: (q, c.float(), kw), ["query_start_loc_cpu", "torch.float32"]),
         ("bool host", lambda q, c, kw: (q, c.bool(), kw), ["query_start_loc_cpu", "torch.bool"]),
@@ -54,7 +60,11 @@ def _corruptions():
         ("0-d host", lambda q, c, kw: (q, c[0], kw), ["query_start_loc_cpu", "shape ()"]),
         ("2-d host", lambda q, c, kw: (q, c.view(1, -1), kw), ["query_start_loc_cpu", "1-D"]),
         ("2-d device", lambda q, c, kw: (q.view(1, -1), c, kw), ["query_start_loc", "1-D"]),
-        ("non-contiguous device", lambda q, c, kw: (torch.stack([q, q], 1)[:, 0], c, kw), ["query_start_loc", "stride 2"]),
+        (
+            "non-contiguous device",
+            lambda q, c, kw: (torch.stack([q, q], 1)[:, 0], c, kw),
+            ["query_start_loc", "stride 2"],
+        ),
         ("wrong device", lambda q, c, kw: (q.to("meta"), c, kw), ["query_start_loc", "meta"]),
         ("host on device", lambda q, c, kw: (q, q.to("meta"), kw), ["query_start_loc_cpu", "meta"]),
         ("first_seq past the end", lambda q, c, kw: (q, c, {"first_seq": c.shape[0] + 3}), ["first_seq="]),
@@ -87,7 +97,7 @@ class Live:
         assert [(as_lists(md), md.cu_seqlens_cpu.tolist()) for md in self.objects] == self.snapshot
         assert all(md.is_live for md in self.objects)
         builds = self.builder.builds
-        for md, b in zip(self.objects, self.good):
+        for md, b in zip(self.objects, self.good, strict=True):
             assert_exact(md, b, 64)
         assert self.builder.builds == builds  # checking built nothing
 
@@ -126,13 +136,20 @@ def test_corrupted_steps_raise_and_change_nothing(entry, data):
             return
         _expect(lambda: build_chunk_metadata(qsl, cpu, **kwargs), fragments)
     elif entry == "vllm_drop_in":  # the ROCm Kimi-K3 helper's signature: whole batch, names cu_seqlens
-        if name in ("wrong device", "first_seq past the end", "negative first_seq", "num_seqs past the end",
-                    "float num_seqs"):
+        if name in (
+            "wrong device",
+            "first_seq past the end",
+            "negative first_seq",
+            "num_seqs past the end",
+            "float num_seqs",
+        ):
             return  # no slice arguments in that signature; it allocates on the input's device
         from chunkmeta.integrations import vllm
 
-        _expect(lambda: vllm.prepare_chunk_metadata_device(qsl, cpu, 64),
-                [f.replace("query_start_loc", "cu_seqlens") for f in fragments])
+        _expect(
+            lambda: vllm.prepare_chunk_metadata_device(qsl, cpu, 64),
+            [f.replace("query_start_loc", "cu_seqlens") for f in fragments],
+        )
     elif entry == "service":
         service = ChunkMetaService(CAP_SEQS, CAP_TOKENS, device="cpu")
         service.builder = live.builder  # serve from the builder whose live objects we watch
@@ -190,15 +207,19 @@ def test_valid_steps_never_raise(data):
     live = Live()
     for _ in range(3):
         batch = data.draw(batches(64, max_requests=CAP_SEQS - 2, max_len=300))
-        assert_exact(live.builder.build(*tensors_for(batch), first_seq=batch.first_seq, num_seqs=batch.num_seqs),
-                     batch, 64)
+        assert_exact(
+            live.builder.build(*tensors_for(batch), first_seq=batch.first_seq, num_seqs=batch.num_seqs), batch, 64
+        )
 
 
 def test_adapter_entry_points_refuse_bad_metadata():
     kda = pytest.importorskip("chunkmeta.integrations.kda")
     x = torch.zeros(1, 4, 2, 32)
-    for bad, fragment in ((None, "pass the step's ChunkMetadata"), ("meta", "pass the step's ChunkMetadata"),
-                          (object(), "pass the step's ChunkMetadata")):
+    for bad, fragment in (
+        (None, "pass the step's ChunkMetadata"),
+        ("meta", "pass the step's ChunkMetadata"),
+        (object(), "pass the step's ChunkMetadata"),
+    ):
         _expect(lambda: kda.chunk_kda(x, x, x, x, x[..., 0], metadata=bad), [fragment])
         _expect(lambda: kda.chunk_gated_delta_rule(x, x, x, x[..., 0], x[..., 0], metadata=bad), [fragment])
 
@@ -207,7 +228,8 @@ def test_two_builders_share_nothing():
     a = ChunkMetadataBuilder(8, 1000, device="cpu")
     b = ChunkMetadataBuilder(8, 1000, device="cpu")
     assert {p for k in range(a.ring.depth) for p in a.ring.pointers(k)}.isdisjoint(
-        {p for k in range(b.ring.depth) for p in b.ring.pointers(k)})
+        {p for k in range(b.ring.depth) for p in b.ring.pointers(k)}
+    )
     ba, bb = from_lengths([100, 3]), from_lengths([1, 1, 1, 500])
     ma = a.build(*tensors_for(ba))
     for _ in range(10):  # b spins its ring; a's object is untouched

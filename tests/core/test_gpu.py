@@ -5,15 +5,22 @@ Exactness on thousands of decode-first batches, zero host<->device syncs under
 CUDA-graph capture + replay with a new batch every time, and independence across streams.
 """
 
-
 import numpy as np
 import pytest
 import torch
 
-from chunkmeta import ChunkMetadataBuilder, ChunkMetaService, GraphBuild, StepBatch, build_chunk_metadata, layout, reference
+from checks import assert_exact, assert_padded, no_sync
+from chunkmeta import (
+    ChunkMetadataBuilder,
+    ChunkMetaService,
+    GraphBuild,
+    StepBatch,
+    build_chunk_metadata,
+    layout,
+    reference,
+)
 from chunkmeta.fill.cuda_fill import CudaFill
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
-from checks import assert_exact, assert_padded, no_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -28,8 +35,12 @@ def random_batches(count, max_seqs, max_tokens, seed):
     return [random_decode_first(rng, max_seqs, max_tokens) for _ in range(count)]
 
 
-BIG = [workload(4096, 1 << 20, seed=1), workload(1024, 65536, seed=2), from_lengths([196608]),
-       from_lengths([0] * 100 + [70000] + [1] * 3000, first_seq=50)]
+BIG = [
+    workload(4096, 1 << 20, seed=1),
+    workload(1024, 65536, seed=2),
+    from_lengths([196608]),
+    from_lengths([0] * 100 + [70000] + [1] * 3000, first_seq=50),
+]
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -38,8 +49,11 @@ def test_builder_equals_reference_on_thousands_of_batches(backend):
     batches = random_batches(2000, 64, 32768, seed=11)
     inputs = [cuda_inputs(b) for b in batches[:3]]
     with no_sync():
-        results = [builder.build(*x, first_seq=b.first_seq, num_seqs=b.num_seqs) for x, b in zip(inputs, batches)]
-    for md, b in zip(results, batches[:3]):
+        results = [
+            builder.build(*x, first_seq=b.first_seq, num_seqs=b.num_seqs)
+            for x, b in zip(inputs, batches[:3], strict=True)
+        ]
+    for md, b in zip(results, batches[:3], strict=True):
         assert_exact(md, b, 64)
     for b in batches:
         assert_exact(builder.build(*cuda_inputs(b), first_seq=b.first_seq, num_seqs=b.num_seqs), b, 64)
@@ -61,8 +75,7 @@ def test_one_shot_equals_reference_and_fla(chunk_size):
     for b in random_batches(300, 40, 8000, seed=chunk_size) + BIG[1:3]:
         qsl, qsl_cpu = cuda_inputs(b)
         with no_sync():
-            md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size, first_seq=b.first_seq,
-                                      num_seqs=b.num_seqs)
+            md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size, first_seq=b.first_seq, num_seqs=b.num_seqs)
         assert_exact(md, b, chunk_size)
         cu = md.cu_seqlens.clone()  # fresh tensor: FLA caches by identity
         theirs = fla_index.prepare_chunk_indices(cu, chunk_size)
@@ -77,11 +90,11 @@ def test_service_steps_do_not_sync():
     inputs = [cuda_inputs(b) for b in batches]
     kept = []
     with no_sync():
-        for b, (qsl, qsl_cpu) in zip(batches, inputs):
+        for b, (qsl, qsl_cpu) in zip(batches, inputs, strict=True):
             with service.step(StepBatch(qsl, qsl_cpu, b.first_seq, b.num_seqs)) as md:
                 # what layers do with it: launch kernels reading it (a device copy stands in)
                 kept.append((md.chunk_indices.clone(), md.chunk_offsets.clone(), md.cu_seqlens.clone()))
-    for b, (indices, offsets, cu) in zip(batches, kept):
+    for b, (indices, offsets, cu) in zip(batches, kept, strict=True):
         ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
         assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices
         assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens
@@ -119,8 +132,9 @@ def test_one_launch_and_no_copies_per_build():
     assert (expected == "cuda") == ("chunk_metadata_fill" in kernels[0]), kernels
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
-    kernels, copies = _cuda_activity(lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq,
-                                                                  num_seqs=b.num_seqs))
+    kernels, copies = _cuda_activity(
+        lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
+    )
     assert len(kernels) == 1 and copies == []
     # an empty prefill launches nothing at all
     empty = cuda_inputs(from_lengths([1, 1], first_seq=2))
@@ -143,7 +157,7 @@ def test_graph_capture_once_replay_1000_batches(pad):
     history_cu = torch.empty(len(batches), seqs, dtype=torch.int32, device="cuda")
     counts = []
     with no_sync():
-        for k, (b, h, s) in enumerate(zip(batches, host, staged)):
+        for k, (b, h, s) in enumerate(zip(batches, host, staged, strict=True)):
             static_qsl[: s.shape[0]].copy_(s)  # the engine refreshes its static buffer in place
             md = graph.replay(h, first_seq=b.first_seq, num_seqs=b.num_seqs)
             history_idx[k].copy_(md.chunk_indices)
@@ -153,8 +167,9 @@ def test_graph_capture_once_replay_1000_batches(pad):
     pad_seq, pad_chunk = layout.padding_row(pad, 64)
     idx, off, cu = history_idx.cpu(), history_off.cpu(), history_cu.cpu()
     for k, b in enumerate(batches):
-        ref = reference.padded_chunk_metadata(b.query_start_loc, 64, graph.padded_num_seqs, rows, pad_seq,
-                                              b.first_seq, b.num_seqs, pad_chunk)
+        ref = reference.padded_chunk_metadata(
+            b.query_start_loc, 64, graph.padded_num_seqs, rows, pad_seq, b.first_seq, b.num_seqs, pad_chunk
+        )
         assert [tuple(r) for r in idx[k].tolist()] == ref.chunk_indices, k
         assert off[k].tolist() == ref.chunk_offsets and cu[k].tolist() == ref.cu_seqlens, k
         assert counts[k] == (ref.num_seqs, ref.num_tokens, ref.num_chunks)
@@ -186,7 +201,7 @@ def test_second_builder_on_second_stream_is_independent():
     inputs2 = [cuda_inputs(b) for b in batches2]
     torch.cuda.synchronize()
     with no_sync():
-        for (x1, h1), (x2, h2), c1, c2 in zip(inputs1, inputs2, batches1, batches2):
+        for (x1, h1), (x2, h2), c1, c2 in zip(inputs1, inputs2, batches1, batches2, strict=True):
             with torch.cuda.stream(s1):
                 md = b1.build(x1, h1, first_seq=c1.first_seq, num_seqs=c1.num_seqs)
                 out1.append((md.chunk_indices.clone(), md.chunk_offsets.clone()))
@@ -195,7 +210,7 @@ def test_second_builder_on_second_stream_is_independent():
                 out2.append((md.chunk_indices.clone(), md.chunk_offsets.clone()))
     torch.cuda.synchronize()
     for outs, batches in ((out1, batches1), (out2, batches2)):
-        for (indices, offsets), b in zip(outs, batches):
+        for (indices, offsets), b in zip(outs, batches, strict=True):
             ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
             assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices
             assert offsets.tolist() == ref.chunk_offsets
@@ -218,8 +233,7 @@ def test_padded_eager_layout_on_cuda():
         for pad in layout.PADS:
             with no_sync():
                 md = builder.build_padded(*inputs, first_seq=b.first_seq, num_seqs=b.num_seqs, pad=pad)
-            assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
-                          *layout.padding_row(pad, 64))
+            assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, *layout.padding_row(pad, 64))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -268,11 +282,14 @@ def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
     builder = ChunkMetadataBuilder(seqs, tokens, device="cuda")
     rng = np.random.default_rng(seqs)
     batches = [b for b in BIG if b.num_seqs <= seqs and b.query_start_loc[-1] <= tokens]
-    batches += [from_lengths(list(rng.choice([0, 0, 1, 1, 63, 64, 65, 129], size=seqs)), first_seq=int(rng.integers(0, 3)))
-                for _ in range(20)]
+    batches += [
+        from_lengths(list(rng.choice([0, 0, 1, 1, 63, 64, 65, 129], size=seqs)), first_seq=int(rng.integers(0, 3)))
+        for _ in range(20)
+    ]
     batches += random_batches(200, seqs, tokens, seed=seqs)
-    batches = [b for b in batches if b.query_start_loc[b.first_seq + b.num_seqs] - b.query_start_loc[b.first_seq]
-               <= tokens]
+    batches = [
+        b for b in batches if b.query_start_loc[b.first_seq + b.num_seqs] - b.query_start_loc[b.first_seq] <= tokens
+    ]
     for pad in (None, *layout.PADS):
         for b in batches:
             inputs = cuda_inputs(b)
@@ -282,8 +299,9 @@ def test_c_build_kernels_on_big_and_edge_batches(c_build_kernel, capacity):
             if pad is None:
                 assert_exact(md, b, 64)
             else:
-                assert_padded(md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows,
-                              *layout.padding_row(pad, seqs))
+                assert_padded(
+                    md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, *layout.padding_row(pad, seqs)
+                )
         assert builder.native_kernel.get((pad, torch.int32)) == c_build_kernel, "the C build did not launch it"
 
 
@@ -296,8 +314,10 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
     builder = ChunkMetadataBuilder(64, 32768, device="cuda")
     batches = random_batches(600, 64, 32768, seed=31)
     layouts = [None, *layout.PADS]
-    buffers = {dtype: (torch.zeros(130, dtype=dtype, pin_memory=True), torch.zeros(130, dtype=dtype, device="cuda"))
-               for dtype in (torch.int32, torch.int64)}
+    buffers = {
+        dtype: (torch.zeros(130, dtype=dtype, pin_memory=True), torch.zeros(130, dtype=dtype, device="cuda"))
+        for dtype in (torch.int32, torch.int64)
+    }
     for dtype, (pinned, device) in buffers.items():  # compile every (layout, dtype) outside the check
         for pad in layouts:
             b = batches[0]
@@ -320,18 +340,33 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
             args = (device[:r1], pinned[:r1])
             kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
             md = builder.build(*args, **kw) if pad is None else builder.build_padded(*args, pad=pad, **kw)
-            kept.append((md.cu_seqlens.clone(), md.chunk_indices.clone(), md.chunk_offsets.clone(),
-                         md.cu_seqlens_cpu.clone(), (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen)))
+            kept.append(
+                (
+                    md.cu_seqlens.clone(),
+                    md.chunk_indices.clone(),
+                    md.chunk_offsets.clone(),
+                    md.cu_seqlens_cpu.clone(),
+                    (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen),
+                )
+            )
     # every launch succeeded (a failed one turns the layout's C build off)
     assert all(builder.native_kernel.get((pad, dtype)) == c_build_kernel for pad in layouts for dtype in buffers)
-    for k, (b, (cu, indices, offsets, cu_cpu, counts)) in enumerate(zip(batches, kept)):
+    for k, (b, (cu, indices, offsets, cu_cpu, counts)) in enumerate(zip(batches, kept, strict=True)):
         pad = layouts[k % len(layouts)]
         if pad is None:
             ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
         else:
             pad_seq, pad_chunk = layout.padding_row(pad, 64)
-            ref = reference.padded_chunk_metadata(b.query_start_loc, 64, builder.padded_num_seqs[pad],
-                                                  builder.capacity.rows, pad_seq, b.first_seq, b.num_seqs, pad_chunk)
+            ref = reference.padded_chunk_metadata(
+                b.query_start_loc,
+                64,
+                builder.padded_num_seqs[pad],
+                builder.capacity.rows,
+                pad_seq,
+                b.first_seq,
+                b.num_seqs,
+                pad_chunk,
+            )
         assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices, k
         assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens, k
         assert cu_cpu.tolist() == ref.cu_seqlens, k

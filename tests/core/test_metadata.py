@@ -4,9 +4,9 @@ import attrs
 import pytest
 import torch
 
+from checks import tensors_for
 from chunkmeta import ChunkMetadata, build_chunk_metadata
 from chunkmeta.workloads import from_lengths
-from checks import tensors_for
 
 
 def _md():

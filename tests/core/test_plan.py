@@ -37,7 +37,10 @@ def test_paths_agree(host, data):
     if not isinstance(results[0], str):
         ref = reference.chunk_metadata(host.tolist(), 64, first_seq, num_seqs)
         assert (results[0].num_tokens, results[0].num_chunks, results[0].max_seqlen) == (
-            ref.num_tokens, ref.num_chunks, ref.max_seqlen)
+            ref.num_tokens,
+            ref.num_chunks,
+            ref.max_seqlen,
+        )
 
 
 def test_compiled_helper_is_built_here():

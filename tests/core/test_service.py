@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from checks import assert_exact, assert_padded, tensors_for
 from chunkmeta import ChunkMetaError, ChunkMetaService, GraphBuild, StepBatch
 from chunkmeta.workloads import from_lengths, random_decode_first
-from checks import assert_exact, assert_padded, tensors_for
 
 
 def batch_of(batch, step_id=None):
@@ -25,7 +25,7 @@ def service(**kw):
 def test_lifecycle():
     svc = service()
     with pytest.raises(ChunkMetaError, match="no step is open"):
-        svc.current
+        _ = svc.current
     with pytest.raises(ChunkMetaError, match="end_step with no open step"):
         svc.end_step()
     md = svc.begin_step(batch_of(B1, step_id=7))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from checks import assert_exact, assert_padded, no_sync
 from chunkmeta import ChunkMetadataBuilder, layout
 from chunkmeta.workloads import random_decode_first
-from checks import assert_exact, assert_padded, no_sync
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,7 +49,7 @@ def test_a_builder_launches_on_its_own_device_whatever_is_current(home, current)
     inputs = [torch.tensor(b.query_start_loc, dtype=torch.int32) for b in batches]
     inputs = [(cpu.to(f"cuda:{home}"), cpu) for cpu in inputs]
     builder.build(*inputs[0])  # compiles on the builder's device
-    for (qsl, cpu), b in zip(inputs, batches):
+    for (qsl, cpu), b in zip(inputs, batches, strict=True):
         kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
         with torch.cuda.device(current):
             torch.cuda.synchronize(home)
@@ -60,5 +60,11 @@ def test_a_builder_launches_on_its_own_device_whatever_is_current(home, current)
         assert_exact(exact, b, 64)
         with torch.cuda.device(current):
             padded = builder.build_padded(qsl, cpu, pad="past_end", **kw)
-        assert_padded(padded, b, 64, builder.padded_num_seqs["past_end"], builder.capacity.rows,
-                      *layout.padding_row("past_end", 64))
+        assert_padded(
+            padded,
+            b,
+            64,
+            builder.padded_num_seqs["past_end"],
+            builder.capacity.rows,
+            *layout.padding_row("past_end", 64),
+        )

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from chunkmeta import ChunkMetaError, ChunkMetadataBuilder, build_chunk_metadata
-from chunkmeta.workloads import from_lengths
 from checks import as_lists, assert_exact, tensors_for
+from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, build_chunk_metadata
+from chunkmeta.workloads import from_lengths
 
 GOOD = from_lengths([1, 1, 100, 64, 0, 130], first_seq=2)
 
@@ -21,10 +21,20 @@ def _bad_cases():
     big = torch.tensor([0, 2**31 - 10, 2**31 + 100], dtype=torch.int64)
     return [
         # (name, query_start_loc, query_start_loc_cpu, kwargs, message fragments)
-        ("decreasing", q, torch.tensor([0, 1, 2, 90, 80, 80, 210], dtype=torch.int32), {},
-         ["decreasing at index 4", "90 -> 80", "non-decreasing"]),
-        ("negative start", q, torch.tensor([-5, 1, 2, 90, 95, 95, 210], dtype=torch.int32), {"first_seq": 0},
-         ["query_start_loc_cpu[0]=-5", ">= 0"]),
+        (
+            "decreasing",
+            q,
+            torch.tensor([0, 1, 2, 90, 80, 80, 210], dtype=torch.int32),
+            {},
+            ["decreasing at index 4", "90 -> 80", "non-decreasing"],
+        ),
+        (
+            "negative start",
+            q,
+            torch.tensor([-5, 1, 2, 90, 95, 95, 210], dtype=torch.int32),
+            {"first_seq": 0},
+            ["query_start_loc_cpu[0]=-5", ">= 0"],
+        ),
         ("float host", q, q.float(), {}, ["dtype torch.float32", "int32 or torch.int64"]),
         ("bool host", q, q.bool(), {}, ["dtype torch.bool"]),
         ("int16 host", q, q.to(torch.int16), {}, ["dtype torch.int16"]),
@@ -102,15 +112,18 @@ def test_bad_chunk_size(chunk_size):
         build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"max_num_seqs": 0, "max_num_tokens": 10}, "max_num_seqs=0"),
-    ({"max_num_seqs": 2**17, "max_num_tokens": 10}, "max_num_seqs=131072"),
-    ({"max_num_seqs": 4, "max_num_tokens": 0}, "max_num_tokens=0"),
-    ({"max_num_seqs": 4, "max_num_tokens": 2**31}, "max_num_tokens=2147483648"),
-    ({"max_num_seqs": 4, "max_num_tokens": 10, "ring_depth": 0}, "ring_depth=0"),
-    ({"max_num_seqs": 4, "max_num_tokens": 10, "backend": "cuda"}, "backend='cuda'"),
-    ({"max_num_seqs": 4, "max_num_tokens": 10, "device": "nope"}, "device='nope'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"max_num_seqs": 0, "max_num_tokens": 10}, "max_num_seqs=0"),
+        ({"max_num_seqs": 2**17, "max_num_tokens": 10}, "max_num_seqs=131072"),
+        ({"max_num_seqs": 4, "max_num_tokens": 0}, "max_num_tokens=0"),
+        ({"max_num_seqs": 4, "max_num_tokens": 2**31}, "max_num_tokens=2147483648"),
+        ({"max_num_seqs": 4, "max_num_tokens": 10, "ring_depth": 0}, "ring_depth=0"),
+        ({"max_num_seqs": 4, "max_num_tokens": 10, "backend": "cuda"}, "backend='cuda'"),
+        ({"max_num_seqs": 4, "max_num_tokens": 10, "device": "nope"}, "device='nope'"),
+    ],
+)
 def test_bad_builder_arguments(kwargs, fragment):
     kwargs.setdefault("device", "cpu")
     with pytest.raises(ChunkMetaError, match=fragment.replace("(", r"\(")):
@@ -151,7 +164,8 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
     out = _without_interpreter(
         "from chunkmeta import ChunkMetadataBuilder, ChunkMetaError\n"
         "try:\n    ChunkMetadataBuilder(4, 64, device='cpu', backend='triton')\n"
-        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
+        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n"
+    )
     assert "ChunkMetaError: backend='triton' on CPU tensors runs only under Triton's interpreter" in out, out
 
 
@@ -160,5 +174,6 @@ def test_graph_mode_on_cpu_without_the_interpreter_is_a_clear_error():
         "import torch\nfrom chunkmeta import ChunkMetadataBuilder, ChunkMetaError, GraphBuild\n"
         "b = ChunkMetadataBuilder(4, 64, device='cpu')\n"
         "try:\n    GraphBuild(b, torch.zeros(5, dtype=torch.int32))\n"
-        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n")
+        "except ChunkMetaError as e:\n    print('ChunkMetaError:', e)\n"
+    )
     assert "ChunkMetaError: GraphBuild needs the Triton kernel: backend='triton' on CPU tensors runs only" in out, out

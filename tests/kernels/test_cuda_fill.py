@@ -11,8 +11,18 @@ from chunkmeta.fill.cuda_fill import CudaFill
 CUDA0 = torch.device("cuda", 0)
 
 
-@pytest.mark.parametrize("capacity, lanes, threads", [(1, 32, 32), (64, 64, 64), (200, 256, 256), (1024, 1024, 256),
-                                                      (1025, 2048, 512), (4096, 4096, 512), (8192, 8192, 512)])
+@pytest.mark.parametrize(
+    "capacity, lanes, threads",
+    [
+        (1, 32, 32),
+        (64, 64, 64),
+        (200, 256, 256),
+        (1024, 1024, 256),
+        (1025, 2048, 512),
+        (4096, 4096, 512),
+        (8192, 8192, 512),
+    ],
+)
 def test_launch_shapes(capacity, lanes, threads):
     fill = CudaFill(chunk_size=64, block_seqs=capacity, padded=False)
     assert (fill.seq_lanes, fill.threads, fill.block_rows) == (lanes, threads, threads)
@@ -43,8 +53,15 @@ def test_no_kernel_where_it_cannot_run(monkeypatch):
 def test_source_defines_its_dtype_and_shape():
     fill = CudaFill(chunk_size=32, block_seqs=300, padded=True)
     source = cuda_fill._source("long long", fill.defines).decode()
-    for line in ("#define QSL_T long long", "#define CHUNK_SHIFT 5", "#define SEQ_LANES 512", "#define THREADS 256",
-                 "#define BLOCK_ROWS 256", "#define PADDED 1", "#define LOG2_WARP_LANES 6"):
+    for line in (
+        "#define QSL_T long long",
+        "#define CHUNK_SHIFT 5",
+        "#define SEQ_LANES 512",
+        "#define THREADS 256",
+        "#define BLOCK_ROWS 256",
+        "#define PADDED 1",
+        "#define LOG2_WARP_LANES 6",
+    ):
         assert line in source
 
 

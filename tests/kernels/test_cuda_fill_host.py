@@ -65,8 +65,13 @@ def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, csrc: 
     fill = cuda_fill.CudaFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, **shape)
     defines = [f"-D{name}={value}" for name, value in (("QSL_T", qsl_t), *fill.defines)]
     flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{csrc}", f"-I{SUPPORT}", *defines, str(HARNESS)]
-    inputs = [csrc / "chunk_fill.cu", csrc / cuda_fill.HEADER, HARNESS, SUPPORT / "cuda_host.h",
-              SUPPORT / "cuda_host_main.h"]
+    inputs = [
+        csrc / "chunk_fill.cu",
+        csrc / cuda_fill.HEADER,
+        HARNESS,
+        SUPPORT / "cuda_host.h",
+        SUPPORT / "cuda_host_main.h",
+    ]
     key = hashlib.sha1(repr((compiler, flags, [path.read_bytes() for path in inputs])).encode()).hexdigest()[:16]
     binary = build_dir() / key
     done = subprocess.run([*compiler, *SANITIZE, *flags, "-o", str(binary)], capture_output=True, text=True)
@@ -85,8 +90,7 @@ def run_fill(binary: Path, cases) -> list[tuple[list, list, list]]:
     lines = [str(len(cases))]
     for q, *scalars in cases:
         lines += [f"{len(q)} " + " ".join(map(str, q)), " ".join(map(str, scalars))]
-    done = subprocess.run([str(binary)], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([str(binary)], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr[-3000:]
     out = done.stdout.splitlines()
     results = []
@@ -126,8 +130,9 @@ def check(capacity: int, pad, qsl_t: str, count: int, chunk_size: int = 64, base
     launch nothing, as in chunkmeta.native, so they are not run)."""
     pad_seq, pad_chunk = (0, 0) if pad is None else layout.padding_row(pad, capacity)
     fill, binary = host_binary(chunk_size, capacity, pad is not None, qsl_t, pad_chunk=pad_chunk, **shape)
-    rng = np.random.default_rng(capacity * 31 + len(qsl_t) + (pad == "tail") + 2 * (pad == "negative")
-                                + 3 * (pad == "past_end"))
+    rng = np.random.default_rng(
+        capacity * 31 + len(qsl_t) + (pad == "tail") + 2 * (pad == "negative") + 3 * (pad == "past_end")
+    )
     cases, expected = [], []
     for b in batches(rng, capacity, chunk_size, count, base):
         ref = reference.chunk_metadata(b.query_start_loc, chunk_size, b.first_seq, b.num_seqs)
@@ -138,8 +143,9 @@ def check(capacity: int, pad, qsl_t: str, count: int, chunk_size: int = 64, base
         else:
             seqs_out = layout.padded_num_seqs(pad, capacity)
             rows = ref.num_chunks + int(rng.integers(0, 2 * fill.block_rows))  # the builder's row capacity
-            ref = reference.padded_chunk_metadata(b.query_start_loc, chunk_size, seqs_out, rows, pad_seq,
-                                                  b.first_seq, b.num_seqs, pad_chunk)
+            ref = reference.padded_chunk_metadata(
+                b.query_start_loc, chunk_size, seqs_out, rows, pad_seq, b.first_seq, b.num_seqs, pad_chunk
+            )
             cases.append((b.query_start_loc, b.first_seq, b.num_seqs, rows, seqs_out, pad_seq))
         expected.append((ref.cu_seqlens, ref.chunk_offsets, [list(r) for r in ref.chunk_indices]))
     assert cases
@@ -164,8 +170,9 @@ def test_4096_sequences():
     check(4096, None, "int", count=4)  # eight sequences per thread, 512 threads
 
 
-@pytest.mark.parametrize("shape", [dict(threads=64, block_rows=1024), dict(threads=1024, block_rows=1024),
-                                   dict(threads=128, block_rows=512)])
+@pytest.mark.parametrize(
+    "shape", [dict(threads=64, block_rows=1024), dict(threads=1024, block_rows=1024), dict(threads=128, block_rows=512)]
+)
 def test_sweep_launch_shapes(shape):
     check(1024 if shape["threads"] < 1024 else 256, None, "int", count=8, **shape)
 

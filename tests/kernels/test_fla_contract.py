@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checks import tensors_for
 from chunkmeta import ChunkMetadataBuilder, build_chunk_metadata
 from chunkmeta.workloads import from_lengths
-from checks import tensors_for
 from strategies import CHUNK_SIZES, batches
 
 with warnings.catch_warnings():
@@ -24,8 +24,9 @@ def fla_metadata(batch, chunk_size):
     """What FLA derives itself from the rebased device cu_seqlens (a fresh tensor: FLA caches
     results by tensor identity)."""
     q = batch.query_start_loc
-    cu = torch.tensor([q[batch.first_seq + i] - q[batch.first_seq] for i in range(batch.num_seqs + 1)],
-                      dtype=torch.int32)
+    cu = torch.tensor(
+        [q[batch.first_seq + i] - q[batch.first_seq] for i in range(batch.num_seqs + 1)], dtype=torch.int32
+    )
     return cu, fla_index.prepare_chunk_indices(cu, chunk_size), fla_index.prepare_chunk_offsets(cu, chunk_size)
 
 
@@ -47,8 +48,9 @@ def test_equals_fla(backend, data, chunk_size):
     assert_same_as_fla(md, batch, chunk_size)
 
 
-@pytest.mark.parametrize("lengths", [[128, 256], [128, 257], [300], [1, 64, 65, 129], [0, 64], [0, 0], [],
-                                     [200_000], [0, 5, 0, 200_000, 0]])
+@pytest.mark.parametrize(
+    "lengths", [[128, 256], [128, 257], [300], [1, 64, 65, 129], [0, 64], [0, 0], [], [200_000], [0, 5, 0, 200_000, 0]]
+)
 def test_equals_fla_on_named_cases(lengths):
     batch = from_lengths(lengths)
     for backend in ("torch", "triton"):

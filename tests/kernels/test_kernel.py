@@ -14,7 +14,7 @@ from strategies import CHUNK_SIZES, batches
 
 pytest.importorskip("triton")
 
-from chunkmeta.fill.triton_fill import TritonFill  # noqa: E402  (after the skip: this imports triton)
+from chunkmeta.fill.triton_fill import TritonFill
 
 CAPACITY = 64
 
@@ -32,23 +32,45 @@ def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1, capa
     indices = torch.full((rows_out + 5, 2), 99, dtype=torch.int32)
     offsets = torch.full((capacity + 4,), 7, dtype=torch.int64)
     offsets[0] = 0
-    fill = TritonFill(chunk_size=chunk_size, block_seqs=capacity, padded=padded, params_on_device=False,
-                      block_rows=block_rows, num_warps=num_warps, scan_cols=scan_cols)
-    fill(qsl, torch.zeros(2, dtype=torch.int32), cu, indices, offsets, batch.first_seq, ref.num_seqs, rows_out,
-         seqs_out, pad_seq)
+    fill = TritonFill(
+        chunk_size=chunk_size,
+        block_seqs=capacity,
+        padded=padded,
+        params_on_device=False,
+        block_rows=block_rows,
+        num_warps=num_warps,
+        scan_cols=scan_cols,
+    )
+    fill(
+        qsl,
+        torch.zeros(2, dtype=torch.int32),
+        cu,
+        indices,
+        offsets,
+        batch.first_seq,
+        ref.num_seqs,
+        rows_out,
+        seqs_out,
+        pad_seq,
+    )
     if padded:
-        ref = reference.padded_chunk_metadata(batch.query_start_loc, chunk_size, seqs_out, rows_out, pad_seq,
-                                              batch.first_seq, batch.num_seqs)
+        ref = reference.padded_chunk_metadata(
+            batch.query_start_loc, chunk_size, seqs_out, rows_out, pad_seq, batch.first_seq, batch.num_seqs
+        )
     assert cu[: seqs_out + 1].tolist() == ref.cu_seqlens
     assert offsets[: seqs_out + 1].tolist() == ref.chunk_offsets
     assert [tuple(r) for r in indices[:rows_out].tolist()] == ref.chunk_indices
     assert indices[rows_out:].eq(99).all(), "a row past num_rows was written"
-    assert cu[seqs_out + 1:].eq(7).all() and offsets[seqs_out + 1:].eq(7).all(), "an entry past seqs_out was written"
+    assert cu[seqs_out + 1 :].eq(7).all() and offsets[seqs_out + 1 :].eq(7).all(), "an entry past seqs_out was written"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 2, 4, 16]),
-       scan_cols=st.sampled_from([1, 2, 8, CAPACITY]))
+@given(
+    data=st.data(),
+    chunk_size=CHUNK_SIZES,
+    block_rows=st.sampled_from([1, 2, 4, 16]),
+    scan_cols=st.sampled_from([1, 2, 8, CAPACITY]),
+)
 def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows, scan_cols):
     """Every scan tile shape too: one column (a 1-D scan) up to one row of all 64 lanes."""
     batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
@@ -56,22 +78,40 @@ def test_exact_layout_at_every_program_boundary(data, chunk_size, block_rows, sc
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), chunk_size=CHUNK_SIZES, block_rows=st.sampled_from([1, 4, 8]),
-       pad_seq=st.sampled_from([-1, CAPACITY]), scan_cols=st.sampled_from([1, 4]))
+@given(
+    data=st.data(),
+    chunk_size=CHUNK_SIZES,
+    block_rows=st.sampled_from([1, 4, 8]),
+    pad_seq=st.sampled_from([-1, CAPACITY]),
+    scan_cols=st.sampled_from([1, 4]),
+)
 def test_padded_layout_at_every_program_boundary(data, chunk_size, block_rows, pad_seq, scan_cols):
     batch = data.draw(batches(chunk_size, max_requests=CAPACITY, max_len=200))
     run_fill(batch, chunk_size, block_rows, padded=True, pad_seq=pad_seq, scan_cols=scan_cols)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), block_rows=st.sampled_from([1, 2, 8, 64]), num_warps=st.sampled_from([1, 2, 4]),
-       scan_cols=st.sampled_from([1, 2]), padded=st.booleans())
+@given(
+    data=st.data(),
+    block_rows=st.sampled_from([1, 2, 8, 64]),
+    num_warps=st.sampled_from([1, 2, 4]),
+    scan_cols=st.sampled_from([1, 2]),
+    padded=st.booleans(),
+)
 def test_three_phase_search_with_row_groups(data, block_rows, num_warps, scan_cols, padded):
     """256 lanes as 128-256 scan tile rows: the row search runs all three phases (64 coarse
     ends per row group, then the tile ends, then the keys), with the rows split into 1-4 groups."""
     batch = data.draw(batches(64, max_requests=256, max_len=100))
-    run_fill(batch, 64, block_rows, padded, pad_seq=256 if padded else 0, scan_cols=scan_cols, capacity=256,
-             num_warps=num_warps)
+    run_fill(
+        batch,
+        64,
+        block_rows,
+        padded,
+        pad_seq=256 if padded else 0,
+        scan_cols=scan_cols,
+        capacity=256,
+        num_warps=num_warps,
+    )
 
 
 @pytest.mark.parametrize("capacity", [200, 256, 1000, 1024, 2048])
@@ -86,6 +126,10 @@ def test_default_launch_shapes(capacity, padded, pad_seq):
 
     pad_seq = capacity if pad_seq is None else pad_seq
     rng = np.random.default_rng(capacity)
-    for batch in (workload(capacity, 40 * capacity, seed=1), workload(capacity - 1, 3000, seed=2),
-                  random_decode_first(rng, capacity, 20 * capacity), from_lengths([])):
+    for batch in (
+        workload(capacity, 40 * capacity, seed=1),
+        workload(capacity - 1, 3000, seed=2),
+        random_decode_first(rng, capacity, 20 * capacity),
+        from_lengths([]),
+    ):
         run_fill(batch, 64, None, padded, pad_seq, scan_cols=None, capacity=capacity, num_warps=None)

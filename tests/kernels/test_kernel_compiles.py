@@ -62,8 +62,13 @@ def test_compiles_for_sm90():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    missing = ("cannot find ptxas", "ptxas not found", "no such file", "cannot import name 'gputarget'",
-               "cannot import name 'astsource'")
+    missing = (
+        "cannot find ptxas",
+        "ptxas not found",
+        "no such file",
+        "cannot import name 'gputarget'",
+        "cannot import name 'astsource'",
+    )
     if done.returncode and any(text in done.stderr.lower() for text in missing):
         # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
         cannot_compile(f"this Triton cannot compile for sm_90 here: {done.stderr[-600:]}")

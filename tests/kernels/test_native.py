@@ -20,7 +20,8 @@ def why_not_compiled() -> str:
     if not jit.enabled(native.SWITCH):
         return "CHUNKMETA_NATIVE=0"
     return jit.missing_c_toolchain() or (
-        "the host build did not compile or load (tests/core/test_plan.py::test_compiled_helper_is_built_here fails)")
+        "the host build did not compile or load (tests/core/test_plan.py::test_compiled_helper_is_built_here fails)"
+    )
 
 
 compiled = native.module()
@@ -34,8 +35,22 @@ def host_only_fill(cu_host: torch.Tensor, padded_seqs: int | None):
     seqs_out = -1 if padded_seqs is None else padded_seqs
     rows_out = -1 if padded_seqs is None else CAP.rows
     slots = [(0, 0, 0, cu_host[k].data_ptr()) for k in range(cu_host.shape[0])]
-    return compiled.make_fill(0, 256, 4, 0, 6, CAP.seqs, CAP.tokens, CAP.rows, seqs_out, rows_out, 0, 0, slots,
-                              None if padded_seqs is None else "tail")
+    return compiled.make_fill(
+        0,
+        256,
+        4,
+        0,
+        6,
+        CAP.seqs,
+        CAP.tokens,
+        CAP.rows,
+        seqs_out,
+        rows_out,
+        0,
+        0,
+        slots,
+        None if padded_seqs is None else "tail",
+    )
 
 
 class Views:
@@ -54,16 +69,31 @@ class Views:
 
 def c_build(fill, host, first_seq, num_seqs, slot, views=None, generation=5, lease=None):
     views = views or Views()
-    return compiled.build(fill, plan.host_address(host), host.shape[0], host.itemsize == 8, first_seq, num_seqs, 0,
-                          slot, 0, generation, lease, views.seq_cache, views.row_cache, views.cached_views)
+    return compiled.build(
+        fill,
+        plan.host_address(host),
+        host.shape[0],
+        host.itemsize == 8,
+        first_seq,
+        num_seqs,
+        0,
+        slot,
+        0,
+        generation,
+        lease,
+        views.seq_cache,
+        views.row_cache,
+        views.cached_views,
+    )
 
 
 @settings(max_examples=500, deadline=None)
 @given(host=host_offsets(max_seqs=12), padded=st.booleans(), data=st.data())
 def test_c_build_matches_the_plan(host, padded, data):
     first_seq = data.draw(st.integers(-1, host.shape[0]))
-    num_seqs = data.draw(st.one_of(st.none(), st.integers(0, host.shape[0]),
-                                   st.sampled_from([2**63 - 1, 2**64])))  # int64's edge, past it
+    num_seqs = data.draw(
+        st.one_of(st.none(), st.integers(0, host.shape[0]), st.sampled_from([2**63 - 1, 2**64]))
+    )  # int64's edge, past it
     slot = data.draw(st.integers(0, 1))
     padded_seqs = CAP.seqs + 1 if padded else None
     cu_host = torch.full((2, CAP.seqs + 2), SENTINEL, dtype=torch.int32)
@@ -79,13 +109,25 @@ def test_c_build_matches_the_plan(host, padded, data):
         return
     assert type(result) is ChunkMetadata
     assert (result.num_seqs, result.num_tokens, result.num_chunks, result.max_seqlen) == (
-        step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
+        step.num_seqs,
+        step.num_tokens,
+        step.num_chunks,
+        step.max_seqlen,
+    )
     assert (result.chunk_size, result.padding, result.generation, result._slot) == (
-        64, "tail" if padded else None, 5, slot)
+        64,
+        "tail" if padded else None,
+        5,
+        slot,
+    )
     seqs_out = padded_seqs if padded else step.num_seqs
     rows_out = CAP.rows if padded else step.num_chunks
-    cu, cu_cpu, indices, offsets = (result.cu_seqlens, result.cu_seqlens_cpu, result.chunk_indices,
-                                    result.chunk_offsets)
+    cu, cu_cpu, indices, offsets = (
+        result.cu_seqlens,
+        result.cu_seqlens_cpu,
+        result.chunk_indices,
+        result.chunk_offsets,
+    )
     assert views.asked == [(slot, seqs_out, rows_out)]
     cached_cu, cached_offsets, cached_cu_cpu = views.seq_cache[(slot, seqs_out)]
     assert indices is views.row_cache[(slot, rows_out)] and offsets is cached_offsets
@@ -103,7 +145,7 @@ def test_c_build_matches_the_plan(host, padded, data):
     if padded:
         expected += [step.num_tokens] * (padded_seqs - n)
     assert cu_host[slot, : len(expected)].tolist() == expected
-    assert (cu_host[slot, len(expected):] == SENTINEL).all() and (cu_host[1 - slot] == SENTINEL).all()
+    assert (cu_host[slot, len(expected) :] == SENTINEL).all() and (cu_host[1 - slot] == SENTINEL).all()
 
 
 def test_c_build_rejects_a_slot_outside_the_ring():
@@ -112,8 +154,10 @@ def test_c_build_rejects_a_slot_outside_the_ring():
     assert c_build(host_only_fill(cu_host, None), host, 0, None, 2) == -1
 
 
-@pytest.mark.parametrize("first_seq, num_seqs", [(True, None), (np.int64(0), None), (0.0, None), (0, False),
-                                                  (0, np.int32(1)), (0, -1), (0, 1.0)])
+@pytest.mark.parametrize(
+    "first_seq, num_seqs",
+    [(True, None), (np.int64(0), None), (0.0, None), (0, False), (0, np.int32(1)), (0, -1), (0, 1.0)],
+)
 def test_c_build_leaves_non_int_or_negative_arguments_to_the_general_path(first_seq, num_seqs):
     """Only exact ints (and None for num_seqs), num_seqs >= 0, are taken; the general path checks
     the rest."""
@@ -137,8 +181,9 @@ def test_c_built_metadata_is_a_frozen_chunk_metadata():
 
     cu_host = torch.zeros(2, CAP.seqs + 2, dtype=torch.int32)
     lease = Lease()
-    md = c_build(host_only_fill(cu_host, None), np.array([3, 3, 70, 200], dtype=np.int64), 0, None, 1,
-                 generation=9, lease=lease)
+    md = c_build(
+        host_only_fill(cu_host, None), np.array([3, 3, 70, 200], dtype=np.int64), 0, None, 1, generation=9, lease=lease
+    )
     assert (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen, md.generation) == (3, 197, 5, 130, 9)
     assert md.is_live and md.check_live() is md and "N=3 T=197 NT=5" in repr(md)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
@@ -214,21 +259,31 @@ def test_builder_hot_path_on_the_host(monkeypatch):
             assert tuple(md.chunk_indices.shape) == (ref.num_chunks, 2)
         else:
             pad_seq, pad_chunk = layout.padding_row(pad, builder.capacity.seqs)
-            ref = reference.padded_chunk_metadata(batch.query_start_loc, 64, builder.padded_num_seqs[pad],
-                                                  builder.capacity.rows, pad_seq, batch.first_seq, batch.num_seqs,
-                                                  pad_chunk)
+            ref = reference.padded_chunk_metadata(
+                batch.query_start_loc,
+                64,
+                builder.padded_num_seqs[pad],
+                builder.capacity.rows,
+                pad_seq,
+                batch.first_seq,
+                batch.num_seqs,
+                pad_chunk,
+            )
             assert tuple(md.chunk_indices.shape) == (builder.capacity.rows, 2)
         assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
         assert md.cu_seqlens.shape[0] == md.chunk_offsets.shape[0] == len(ref.cu_seqlens)
-        assert (md.num_seqs, md.num_tokens, md.num_chunks, md.padding) == (ref.num_seqs, ref.num_tokens,
-                                                                            ref.num_chunks, pad)
+        assert (md.num_seqs, md.num_tokens, md.num_chunks, md.padding) == (
+            ref.num_seqs,
+            ref.num_tokens,
+            ref.num_chunks,
+            pad,
+        )
         assert md.generation == builder.builds == k + 1
         # new cu_seqlens objects every build (FLA memoizes its helpers by argument identity)
-        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu
-                   for old in kept)
+        assert all(md.cu_seqlens is not old.cu_seqlens and md.cu_seqlens_cpu is not old.cu_seqlens_cpu for old in kept)
         kept.append(md)
     assert counting.builds == 30
-    assert [md.is_live for md in kept[-builder.ring_depth - 1:]] == [False] + [True] * builder.ring_depth
+    assert [md.is_live for md in kept[-builder.ring_depth - 1 :]] == [False] + [True] * builder.ring_depth
     # bad input: the C build refuses, the general path raises, nothing changes
     bad_cpu = torch.tensor([0, 10, 5], dtype=torch.int32)
     with pytest.raises(ChunkMetaError, match="decreasing"):

@@ -2,6 +2,7 @@
 no-sync check for GPU tests."""
 
 import contextlib
+import itertools
 
 import torch
 
@@ -40,20 +41,33 @@ def assert_exact(md, batch: Batch, chunk_size: int):
     assert md.cu_seqlens_cpu.tolist() == ref.cu_seqlens
     assert tuple(md.chunk_indices.shape) == (ref.num_chunks, 2)
     assert (md.num_seqs, md.num_tokens, md.num_chunks, md.max_seqlen) == (
-        ref.num_seqs, ref.num_tokens, ref.num_chunks, ref.max_seqlen)
+        ref.num_seqs,
+        ref.num_tokens,
+        ref.num_chunks,
+        ref.max_seqlen,
+    )
     assert md.chunk_size == chunk_size and not md.padded
-    lengths = [b - a for a, b in zip(ref.cu_seqlens, ref.cu_seqlens[1:])]
+    lengths = [b - a for a, b in itertools.pairwise(ref.cu_seqlens)]
     assert md.is_aligned == all(n % chunk_size == 0 for n in lengths)
     non_empty = [n for n in lengths if n]
     assert md.single_seqlen == (non_empty[0] if len(non_empty) == 1 else None)
 
 
-def assert_padded(md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_rows: int, pad_seq: int,
-                  pad_chunk: int = 0):
+def assert_padded(
+    md, batch: Batch, chunk_size: int, padded_num_seqs: int, num_rows: int, pad_seq: int, pad_chunk: int = 0
+):
     """md equals the padded reference: real rows first, then (pad_seq, pad_chunk); zero-length
     tails; and padding rows that no FLA kernel reads tokens for."""
-    ref = reference.padded_chunk_metadata(batch.query_start_loc, chunk_size, padded_num_seqs, num_rows, pad_seq,
-                                          batch.first_seq, batch.num_seqs, pad_chunk)
+    ref = reference.padded_chunk_metadata(
+        batch.query_start_loc,
+        chunk_size,
+        padded_num_seqs,
+        num_rows,
+        pad_seq,
+        batch.first_seq,
+        batch.num_seqs,
+        pad_chunk,
+    )
     cu, indices, offsets = as_lists(md)
     assert cu == ref.cu_seqlens
     assert indices == ref.chunk_indices

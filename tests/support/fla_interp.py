@@ -93,8 +93,8 @@ def apply() -> None:
         raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Triton is not supported on current platform, roll back to CPU"
-        import fla.ops.gated_delta_rule  # noqa: F401
-        import fla.ops.kda  # noqa: F401
+        import fla.ops.gated_delta_rule
+        import fla.ops.kda
         import fla.ops.kda.chunk_intra  # noqa: F401
     _fix_autotune()
     _fix_loop_var()

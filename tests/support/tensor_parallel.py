@@ -37,22 +37,27 @@ def reference_checksum(batch) -> int:
 
 def run_rank(rank: int, world_size: int, port: int) -> None:
     # NVLink multicast stays off: the lent machines' rule (it can take a shared host's GPUs down)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
-                      TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+    )
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     builder = ChunkMetadataBuilder(MAX_SEQS, MAX_TOKENS, device=device)
     batches = rank_batches(rank)
     inputs = [(torch.tensor(b.query_start_loc, dtype=torch.int32),) for b in batches]
     inputs = [(cpu.to(device), cpu) for (cpu,) in inputs]
-    for (qsl, cpu), b in zip(inputs[:2], batches):  # the first build of a layout compiles its kernel
+    for (qsl, cpu), b in zip(inputs[:2], batches[:2], strict=True):  # the first build of a layout compiles its kernel
         builder.build(qsl, cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
     torch.cuda.synchronize(device)
 
     checksum = torch.zeros((), dtype=torch.int64, device=device)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for (qsl, cpu), b in zip(inputs, batches):
+        for (qsl, cpu), b in zip(inputs, batches, strict=True):
             md = builder.build(qsl, cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
             checksum += _weighted(md.cu_seqlens) + _weighted(md.chunk_indices) + _weighted(md.chunk_offsets)
     finally:
@@ -60,7 +65,7 @@ def run_rank(rank: int, world_size: int, port: int) -> None:
     kernel = builder.native_kernel.get((None, torch.int32))
     assert kernel in ("cuda", "triton"), f"rank {rank}: the C build is not in use ({builder.native_kernel})"
 
-    for (qsl, cpu), b in zip(inputs, batches):  # exact, step by step (reads the device)
+    for (qsl, cpu), b in zip(inputs, batches, strict=True):  # exact, step by step (reads the device)
         md = builder.build(qsl, cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
         ref = reference.chunk_metadata(b.query_start_loc, 64, b.first_seq, b.num_seqs)
         assert md.cu_seqlens.device == device
@@ -79,8 +84,11 @@ def run_rank(rank: int, world_size: int, port: int) -> None:
         assert int(checksum) == expected, (rank, int(checksum), expected)
     finally:
         dist.destroy_process_group()
-    print(f"rank {rank} on {torch.cuda.get_device_name(device)}: {STEPS} steps exact, no sync, "
-          f"C build launching the {kernel} fill, checksum {int(checksum)} all-reduced", flush=True)
+    print(
+        f"rank {rank} on {torch.cuda.get_device_name(device)}: {STEPS} steps exact, no sync, "
+        f"C build launching the {kernel} fill, checksum {int(checksum)} all-reduced",
+        flush=True,
+    )
 
 
 def _graph_replays(builder, batches, device) -> None:
@@ -97,7 +105,8 @@ def _graph_replays(builder, batches, device) -> None:
             md = graph.replay(host, first_seq=b.first_seq, num_seqs=b.num_seqs)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        ref = reference.padded_chunk_metadata(b.query_start_loc, 64, graph.padded_num_seqs, graph.num_rows, pad_seq,
-                                              b.first_seq, b.num_seqs, pad_chunk)
+        ref = reference.padded_chunk_metadata(
+            b.query_start_loc, 64, graph.padded_num_seqs, graph.num_rows, pad_seq, b.first_seq, b.num_seqs, pad_chunk
+        )
         assert md.chunk_indices.cpu().tolist() == [list(r) for r in ref.chunk_indices]
         assert md.cu_seqlens.cpu().tolist() == ref.cu_seqlens and md.chunk_offsets.cpu().tolist() == ref.chunk_offsets

@@ -84,6 +84,8 @@ class ChunkMetadataBuilder:
     capacity-shaped layout whose shapes never change (for CUDA graphs and static-shape callers);
     ``build_bounded`` a layout for callers without host lengths (rows from an upper bound).
     Results stay valid for ``ring_depth - 1`` later builds (``chunkmeta.ring``).
+    ``offsets_dtype``: ``chunk_offsets``' dtype, int64 (FLA's contract) or int32 (CuteDSL GDN's),
+    written by the fill itself: no consumer needs a cast per step.
     """
 
     def __init__(
@@ -95,15 +97,21 @@ class ChunkMetadataBuilder:
         device: torch.device | str,
         backend: str = "auto",
         ring_depth: int = 4,
+        offsets_dtype: torch.dtype = torch.int64,
     ):
         self.capacity = _plan.capacity_for(max_num_seqs, max_num_tokens, chunk_size)
+        if offsets_dtype not in _INT_DTYPES:
+            raise ChunkMetaError(
+                f"offsets_dtype={offsets_dtype!r}: must be torch.int64 (FLA's chunk_offsets) or torch.int32 "
+                "(CuteDSL GDN's)."
+            )
         if not isinstance(ring_depth, int) or isinstance(ring_depth, bool) or not 1 <= ring_depth <= 64:
             raise ChunkMetaError(f"ring_depth={ring_depth!r}: must be an int in [1, 64].")
         self.device = resolve_device(device)
         self.chunk_size = chunk_size
         self.ring_depth = ring_depth
         self.backend = resolve_backend(backend, self.device)
-        self.ring = Ring(ring_depth, self.capacity, self.device)
+        self.ring = Ring(ring_depth, self.capacity, self.device, offsets_dtype)
         self._params = torch.zeros(2, dtype=torch.int32, device=self.device)  # unused by eager fills
         self._device_index = self.device.index if self.device.type == "cuda" else -1
         self._triton_fills: dict[tuple, object] = {}  # (padded, pad_chunk) -> TritonFill
@@ -397,7 +405,11 @@ class ChunkMetadataBuilder:
         padded = pad is not None
         candidates = []
         cuda = CudaFill(
-            chunk_size=self.chunk_size, block_seqs=self.capacity.seqs, padded=padded, pad_chunk=shape.pad_chunk
+            chunk_size=self.chunk_size,
+            block_seqs=self.capacity.seqs,
+            padded=padded,
+            pad_chunk=shape.pad_chunk,
+            offsets_dtype=self.ring.chunk_offsets.dtype,
         )
         kernel = cuda.kernel(dtype, self.device)
         if kernel is not None:

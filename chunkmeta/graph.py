@@ -73,7 +73,7 @@ class GraphBuild:
         self.num_rows = shape.rows_out
         self._pad_seq = shape.pad_seq
         self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
-        self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int64, device=device)
+        self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=builder.ring.chunk_offsets.dtype, device=device)
         self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
         self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
         self._cu_cpu_np = self._cu_cpu.numpy()

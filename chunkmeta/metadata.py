@@ -37,7 +37,8 @@ class ChunkMetadata:
     Device tensors: ``cu_seqlens`` int32 [N+1] (rebased to start at 0), ``chunk_indices`` int32
     [NT, 2] with rows ``(i, t)`` ordered by sequence then chunk (row ``r`` is
     ``chunk_offsets[i] + t``; a zero-length sequence has no rows but keeps its index ``i``),
-    ``chunk_offsets`` int64 [N+1] (exclusive prefix sum of ``cdiv(len_i, chunk_size)``).
+    ``chunk_offsets`` int64 [N+1] (exclusive prefix sum of ``cdiv(len_i, chunk_size)``; int32 from a
+    builder made with ``offsets_dtype=torch.int32``).
     ``cu_seqlens_cpu`` is the host copy of ``cu_seqlens``. Host ints: ``num_seqs`` (N),
     ``num_tokens`` (T), ``num_chunks`` (NT), ``chunk_size`` (C), ``max_seqlen``; hints
     ``is_aligned`` and ``single_seqlen``.

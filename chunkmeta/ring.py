@@ -3,7 +3,7 @@
 Buffers (allocated once, on the builder's device, in ``depth`` slots):
 
 * ``cu_seqlens``  int32 ``[depth, max_num_seqs + 2]``
-* ``chunk_offsets`` int64 ``[depth, max_num_seqs + 2]``
+* ``chunk_offsets`` int64 (int32 with ``offsets_dtype``) ``[depth, max_num_seqs + 2]``
 * ``chunk_indices`` int32 ``[depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
 * ``cu_seqlens_cpu`` int32 ``[depth, max_num_seqs + 2]`` on the host
 
@@ -38,7 +38,7 @@ class Ring:
     The ``Lease`` of every ``ChunkMetadata`` a builder returns (``chunkmeta.metadata.Lease``).
     """
 
-    def __init__(self, depth: int, capacity: Capacity, device: torch.device):
+    def __init__(self, depth: int, capacity: Capacity, device: torch.device, offsets_dtype: torch.dtype = torch.int64):
         self.depth = depth
         self.capacity = capacity
         seqs = capacity.seqs + 2
@@ -46,7 +46,9 @@ class Ring:
         # Slot strides are rounded up to 16 bytes: every slot starts as aligned as the first,
         # which a compiled kernel (specialized on its first launch's pointers) relies on.
         self.cu_seqlens = torch.zeros(depth, _round_up(seqs, 4), dtype=torch.int32, device=device)
-        self.chunk_offsets = torch.zeros(depth, _round_up(seqs, 2), dtype=torch.int64, device=device)
+        self.chunk_offsets = torch.zeros(
+            depth, _round_up(seqs, 16 // offsets_dtype.itemsize), dtype=offsets_dtype, device=device
+        )
         self.chunk_indices = torch.zeros(depth, _round_up(capacity.rows, 2), 2, dtype=torch.int32, device=device)
         self.cu_seqlens_cpu = torch.zeros(depth, seqs, dtype=torch.int32)
         self.cu_seqlens_cpu_np = self.cu_seqlens_cpu.numpy()

@@ -17,7 +17,7 @@
 extern "C" __global__ void __launch_bounds__(THREADS)
 chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__restrict__ step_params,
                     int *__restrict__ cu_seqlens, long long *__restrict__ chunk_indices,
-                    long long *__restrict__ chunk_offsets, int first_seq, int num_seqs, int num_rows,
+                    OFFSET_T *__restrict__ chunk_offsets, int first_seq, int num_seqs, int num_rows,
                     int seqs_out, int pad_seq) {
   /* per sequence, its chunk end counted from its warp's first chunk; NO_END past num_seqs */
   __shared__ int warp_ends[SEQ_LANES];

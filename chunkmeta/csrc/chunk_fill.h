@@ -13,6 +13,7 @@
      BLOCK_ROWS       rows per program, a multiple of THREADS
      PADDED           1: rows past NT and sequences past num_seqs are padding (the kernel finds NT)
      PAD_CHUNK        the chunk of a padding row (chunkmeta.layout.padding_row)
+     OFFSET_T         the chunk_offsets element type: long long (FLA's int64) or int
 
    One program: THREADS threads, WARPS warps. Warp w owns WARP_LANES consecutive sequences and takes
    them in SEQS_PER_THREAD rounds of 32, one per lane: in round j lane l holds sequence
@@ -24,8 +25,8 @@
 #define CHUNKMETA_CHUNK_FILL_H
 
 #if !defined(QSL_T) || !defined(CHUNK_SHIFT) || !defined(SEQ_LANES) || !defined(LOG2_WARP_LANES) || \
-    !defined(THREADS) || !defined(BLOCK_ROWS) || !defined(PADDED) || !defined(PAD_CHUNK)
-#error "chunk_fill.h: define QSL_T, CHUNK_SHIFT, SEQ_LANES, LOG2_WARP_LANES, THREADS, BLOCK_ROWS, PADDED, PAD_CHUNK"
+    !defined(THREADS) || !defined(BLOCK_ROWS) || !defined(PADDED) || !defined(PAD_CHUNK) || !defined(OFFSET_T)
+#error "chunk_fill.h: define QSL_T, CHUNK_SHIFT, SEQ_LANES, LOG2_WARP_LANES, THREADS, BLOCK_ROWS, PADDED, PAD_CHUNK, OFFSET_T"
 #endif
 
 #define SEQS_PER_THREAD (SEQ_LANES / THREADS)

@@ -76,6 +76,7 @@ class CudaFill:
         block_seqs: int,
         padded: bool,
         pad_chunk: int = 0,
+        offsets_dtype: torch.dtype = torch.int64,
         threads: int | None = None,
         block_rows: int | None = None,
     ):
@@ -97,6 +98,7 @@ class CudaFill:
             ("BLOCK_ROWS", self.block_rows),
             ("PADDED", int(padded)),
             ("PAD_CHUNK", pad_chunk),
+            ("OFFSET_T", "int" if offsets_dtype == torch.int32 else "long long"),
         )
 
     def kernel(self, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int] | None:

@@ -29,7 +29,7 @@ def chunk_metadata_kernel(
     step_params,  # *i32 [2] = (first_seq, num_seqs); read only when PARAMS_ON_DEVICE
     cu_seqlens,  # *i32 [>= seqs_out+1]; entry 0 is never written (always 0)
     chunk_indices,  # *i32 [>= num_rows, 2], 8-byte aligned (rows are stored as int64 pairs)
-    chunk_offsets,  # *i64 [>= seqs_out+1]; entry 0 is never written (always 0)
+    chunk_offsets,  # *i64 (or *i32: the builder's offsets_dtype) [>= seqs_out+1]; entry 0 is never written
     first_seq,
     num_seqs,
     num_rows,  # rows to write: NT (exact layout) or the row capacity (padded layout)

@@ -35,12 +35,12 @@ HOOKLESS_BACKENDS = frozenset({"flashinfer", "aiter_flydsl"})
 CUTEDSL = "cutedsl"
 
 
-def builder_for_config(vllm_config, device) -> ChunkMetadataBuilder:
+def builder_for_config(vllm_config, device, prefill_backend: str | None = None) -> ChunkMetadataBuilder:
     """A persistent ChunkMetadataBuilder for one vLLM builder, sized to the scheduler's limits.
 
     vLLM's runners size their ``query_start_loc`` buffer to ``max_num_seqs + 1`` entries and
     their token buffers to ``max_num_batched_tokens`` (CUDA-graph padding included), so every
-    prefill slice fits.
+    prefill slice fits. For CuteDSL GDN the fill writes ``chunk_offsets`` as int32 itself.
     """
     scheduler = vllm_config.scheduler_config
     return ChunkMetadataBuilder(
@@ -49,6 +49,7 @@ def builder_for_config(vllm_config, device) -> ChunkMetadataBuilder:
         chunk_size=FLA_CHUNK_SIZE,
         device=device,
         ring_depth=RING_DEPTH,
+        offsets_dtype=torch.int32 if prefill_backend == CUTEDSL else torch.int64,
     )
 
 
@@ -67,10 +68,12 @@ def cutedsl_layout(metadata: ChunkMetadata) -> tuple[torch.Tensor, torch.Tensor]
     from ``UB`` and never reads rows past ``NT``) and int32 ``chunk_offsets [N+1]`` whose last
     entry, the real ``NT``, its persistent kernels read on the device. vLLM's own ``UB`` is a
     worst case from the host token count; chunkmeta knows ``NT`` exactly, so ``UB = NT``: every
-    row is real and the workspaces are no larger than needed. The int64 -> int32 cast is a
-    device op (no sync).
+    row is real and the workspaces are no larger than needed. The offsets come int32 from the
+    fill (``builder_for_config``): no cast per step.
     """
-    return metadata.chunk_indices, metadata.chunk_offsets.to(torch.int32)
+    if metadata.chunk_offsets.dtype != torch.int32:
+        raise ChunkMetaError("CuteDSL GDN reads int32 chunk_offsets: build with offsets_dtype=torch.int32.")
+    return metadata.chunk_indices, metadata.chunk_offsets
 
 
 class ChunkmetaBuilderMixin:
@@ -97,7 +100,7 @@ class ChunkmetaBuilderMixin:
             )
             return
         try:
-            chunkmeta = builder_for_config(vllm_config, device)
+            chunkmeta = builder_for_config(vllm_config, device, prefill_backend)
             warm_up(chunkmeta)
         except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
             logger.warning(

@@ -269,3 +269,25 @@ def test_fresh_views_of_persistent_buffers_each_step():
             host = host_buffer[:r1]
         md = builder.build(device_buffer[:r1], host, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
         assert_exact(md, batch, 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int32_chunk_offsets_are_written_by_the_fill(backend):
+    """offsets_dtype=torch.int32 (CuteDSL GDN's chunk_offsets): the same values in every layout."""
+    builder = ChunkMetadataBuilder(8, 2000, device="cpu", backend=backend, offsets_dtype=torch.int32)
+    rng = np.random.default_rng(12)
+    for k in range(12):
+        batch = random_decode_first(rng, 8, 1500)
+        qsl, qsl_cpu = tensors_for(batch)
+        kw = dict(first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+        md = builder.build(qsl, qsl_cpu, **kw)
+        assert md.chunk_offsets.dtype == torch.int32
+        assert_exact(md, batch, 64)
+        pad = layout.PADS[k % 3]
+        padded = builder.build_padded(qsl, qsl_cpu, pad=pad, **kw)
+        assert padded.chunk_offsets.dtype == torch.int32
+        assert_padded(
+            padded, batch, 64, builder.padded_num_seqs[pad], builder.capacity.rows, *layout.padding_row(pad, 8)
+        )
+    with pytest.raises(ChunkMetaError, match="offsets_dtype"):
+        ChunkMetadataBuilder(8, 2000, device="cpu", offsets_dtype=torch.float32)

@@ -371,3 +371,23 @@ def test_c_build_engine_pattern_all_layouts_both_dtypes(c_build_kernel):
         assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens, k
         assert cu_cpu.tolist() == ref.cu_seqlens, k
         assert counts == (ref.num_seqs, ref.num_tokens, ref.num_chunks, ref.max_seqlen), k
+
+
+def test_c_build_int32_chunk_offsets(c_build_kernel):
+    """offsets_dtype=torch.int32 (CuteDSL GDN's): both kernels the C build launches write int32
+    chunk_offsets themselves, exact in every layout, with no sync."""
+    builder = ChunkMetadataBuilder(1024, 65536, device="cuda", offsets_dtype=torch.int32)
+    for k, b in enumerate(random_batches(120, 1024, 65536, seed=41)):
+        inputs = cuda_inputs(b)
+        kw = dict(first_seq=b.first_seq, num_seqs=b.num_seqs)
+        pad = (None, *layout.PADS)[k % 4]
+        with no_sync():
+            md = builder.build(*inputs, **kw) if pad is None else builder.build_padded(*inputs, pad=pad, **kw)
+        assert md.chunk_offsets.dtype == torch.int32
+        if pad is None:
+            assert_exact(md, b, 64)
+        else:
+            assert_padded(
+                md, b, 64, builder.padded_num_seqs[pad], builder.capacity.rows, *layout.padding_row(pad, 1024)
+            )
+    assert all(builder.native_kernel.get((pad, torch.int32)) == c_build_kernel for pad in (None, *layout.PADS))

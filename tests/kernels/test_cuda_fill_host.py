@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from chunkmeta import jit, layout, reference
 from chunkmeta.fill import cuda_fill
@@ -210,3 +211,9 @@ def test_the_harness_catches_a_wrong_kernel(tmp_path):
     shutil.copy(jit.CSRC / cuda_fill.HEADER, tmp_path / cuda_fill.HEADER)
     with pytest.raises(AssertionError, match="capacity 64, pad None"):
         check(64, None, "int", count=8, csrc=tmp_path)
+
+
+@pytest.mark.parametrize("pad", [None, "tail", "past_end"])
+def test_int32_chunk_offsets(pad):
+    """``OFFSET_T`` int (a builder's ``offsets_dtype=torch.int32``, CuteDSL GDN's): the same values."""
+    check(200, pad, "int", 40, offsets_dtype=torch.int32)

@@ -9,7 +9,8 @@ struct Case {
   std::vector<QSL_T> q;
   int first_seq, num_seqs, num_rows, seqs_out, pad_seq;
   std::vector<int> cu;
-  std::vector<long long> offsets, rows;
+  std::vector<OFFSET_T> offsets;
+  std::vector<long long> rows;
 };
 
 int main() {
@@ -27,7 +28,7 @@ int main() {
     }
     if (scanf("%d %d %d %d %d", &c.first_seq, &c.num_seqs, &c.num_rows, &c.seqs_out, &c.pad_seq) != 5) return 2;
     c.cu.assign(c.seqs_out + 1, 0x55555555);
-    c.offsets.assign(c.seqs_out + 1, 0x5555555555555555LL);
+    c.offsets.assign(c.seqs_out + 1, (OFFSET_T)0x5555555555555555LL);
     c.rows.assign(c.num_rows, 0x5555555555555555LL);
     c.cu[0] = 0; /* the builder's buffers hold 0 there: the kernel never writes entry 0 */
     c.offsets[0] = 0;
@@ -56,7 +57,7 @@ int main() {
     printf("CU");
     for (int v : c.cu) printf(" %d", v);
     printf("\nCO");
-    for (long long v : c.offsets) printf(" %lld", v);
+    for (OFFSET_T v : c.offsets) printf(" %lld", (long long)v);
     printf("\nCI");
     for (long long v : c.rows) printf(" %d %d", (int)(v & 0xffffffff), (int)(v >> 32));
     printf("\n");

@@ -239,6 +239,7 @@ def test_cutedsl_layout(name):
     ours = make(cm_class(), gdn_prefill_backend="cutedsl", spec=spec)
     got, want = build(ours, case), build(stock, case)
     assert got.chunk_indices.dtype == got.chunk_offsets.dtype == torch.int32
+    assert ours.chunkmeta.ring.chunk_offsets.dtype == torch.int32  # written int32 by the fill: no cast per step
     assert torch.equal(got.chunk_offsets, want.chunk_offsets)  # int32 [N+1], last entry NT
     nt = int(want.chunk_offsets[-1])
     assert got.chunk_indices.shape == (nt, 2) and nt <= want.chunk_indices.shape[0]

@@ -93,8 +93,8 @@ def chunk_metadata_kernel(
     num_chunks = tl.sum(tile_chunks, 0)
 
     # cu_seqlens[1:] and chunk_offsets[1:]: each program stores its share of the sequences
-    # (every program has them all), so no program carries all N stores (at 4096 sequences,
-    # 0.3 µs faster than program 0 storing them all)
+    # (every program has them all), so no program carries all N stores: at thousands of
+    # sequences that was faster than program 0 storing them all (bench/RESULTS.md, kernel sweeps)
     share = (seqs_out + tl.num_programs(0) - 1) // tl.num_programs(0)
     mine = (seqs >= pid * share) & (seqs < pid * share + share) & (seqs < seqs_out)
     seq_ends = ends - base
@@ -229,14 +229,11 @@ class TritonFill:
         row_search: bool = True,
     ):
         self.block_seqs = next_pow2(max(block_seqs, 2))
-        # Measured on an H200 (bench/RESULTS.md, kernel sweeps): up to 256 sequences, 128-, 256-
-        # and 512-row programs are within ~0.1 µs of each other (256 kept); from 1024, 512-row
-        # programs (at 1024: 0.00-0.11 µs faster than 256 in the three sweeps since every
-        # program stores a share of the sequences; at 4096: 0.12-0.25 µs), with 16 warps at 4096
-        # (3.97-4.06 µs against 4.11-4.18 with 8); block_seqs / 8 keeps the redundant
-        # per-program scans within 8x the row work. Scan tile rows 4 wide from 1024
-        # sequences (16 and 64 wide: up to 0.1 µs slower at 1024, 0.4 at 4096), 16 wide below
-        # (at 256: 0.00-0.17 µs faster than a 1-D scan in four sweeps, never slower).
+        # The defaults are the fastest or tied shapes of the H200 kernel sweeps (bench/RESULTS.md,
+        # kernel_sweep records): 256-row programs up to 512 sequences, 512-row ones from 1024;
+        # 4 warps up to 256 sequences, 8 up to 2048, 16 above; scan tile rows 4 wide from 1024
+        # sequences, 16 wide below. block_seqs / 8 keeps the redundant per-program scans
+        # within 8x the row work.
         self.block_rows = block_rows or max(256 if self.block_seqs <= 512 else 512, self.block_seqs // 8)
         self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8 if self.block_seqs <= 2048 else 16)
         scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 16), self.block_seqs)

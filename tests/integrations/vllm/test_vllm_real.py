@@ -231,12 +231,18 @@ def test_decode_only_steps_skip_the_hook(configs):
     assert ours.chunkmeta.builds == 1  # the warm-up only
 
 
-def test_cutedsl_layout_on_the_real_builder(configs):
-    """CuteDSL needs SM10x (on CPU vLLM resolves it to triton): switch the resolved backend to
-    check the adapter reads the attribute the real builder sets."""
+def test_cutedsl_layout_on_the_real_builder(configs, monkeypatch):
+    """CuteDSL needs SM10x (on CPU vLLM resolves it to triton): the real builder resolves it to
+    cutedsl here, so the adapter sizes its builder from the attribute the real builder sets (int32
+    chunk_offsets written by the fill); the stock builder keeps triton, whose tables are the same."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
+
+    stock = make(gdn_attn.GDNAttentionMetadataBuilder, configs)
+    resolve = qwen_gdn_linear_attn._resolve_gdn_prefill_backend
+    monkeypatch.setattr(qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda c: (resolve(c)[0], "cutedsl"))
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
-    stock, ours = make(gdn_attn.GDNAttentionMetadataBuilder, configs), make(cls, configs)
-    ours.gdn_prefill_backend = "cutedsl"
+    ours = make(cls, configs)
+    assert ours.gdn_prefill_backend == "cutedsl" and ours.chunkmeta.ring.chunk_offsets.dtype == torch.int32
     got, want = build(ours, BATCHES["padded"]), build(stock, BATCHES["padded"])
     assert got.chunk_indices.dtype == got.chunk_offsets.dtype == torch.int32
     assert torch.equal(got.chunk_offsets, want.chunk_offsets.to(torch.int32))

@@ -105,7 +105,8 @@ $(SGLANG_STAMP): $(SGLANG_DEPS_STAMP) pyproject.toml
 	touch $@
 
 test-sglang: $(SGLANG_STAMP)
-	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/integrations/sglang/test_sglang_real.py tests/integrations/sglang/test_sglang.py
+	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/integrations/sglang/test_sglang_real.py tests/integrations/sglang/test_sglang.py \
+		tests/integrations/sglang/test_sglang_reference_real.py
 
 # Opt-in: the vLLM adapter against the real vLLM (CPU, VLLM_TARGET_DEVICE=cpu). Its own venv,
 # .venv-vllm. Every install is --no-deps with torch==2.13.0 named explicitly: vLLM 0.33.0 pins
@@ -149,7 +150,7 @@ $(VLLM_STAMP): $(VLLM_DEPS_STAMP) pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
-		tests/integrations/vllm/test_vllm_real.py
+		tests/integrations/vllm/test_vllm_real.py tests/integrations/vllm/test_vllm_reference_real.py
 
 # What a new user gets: a wheel built from this checkout, installed into a fresh venv (torch
 # first, so that nothing pulls another), run from outside the checkout so that only the installed

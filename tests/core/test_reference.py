@@ -90,6 +90,9 @@ def test_sglang_conv_block_table_only_for_ragged_batches():
     assert reference.sglang_conv_block_table([1, 1, 1, 1, 36]) is None  # 5 * 5 <= 4 * 9
     ragged = [(i, 0) for i in range(8)] + [(8, b) for b in range(10)]
     assert reference.sglang_conv_block_table([1] * 8 + [80]) == ragged  # 9 * 10 > 4 * 18
+    assert reference.sglang_conv_block_table([1] * 7 + [40]) is None  # 8 * 5 <= 4 * 12, though > 3 * 12
+    assert reference.sglang_conv_block_table([1] * 4 + [128]) is None  # 5 * 16 == 4 * 20: not ragged
+    assert len(reference.sglang_conv_block_table([1] * 4 + [129])) == 21  # 5 * 17 > 4 * 21
 
 
 # --- Mamba2 SSD chunk tables, vLLM's convention ----------------------------------------------

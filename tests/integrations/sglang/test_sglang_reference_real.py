@@ -162,7 +162,8 @@ def test_gdn_conv_block_table_matches_sglang(monkeypatch):
     monkeypatch.setattr(gdn_backend, "is_cuda", lambda: True)
     assert gdn_backend.CAUSAL_CONV1D_FWD_BLOCK_M == reference.CONV_BLOCK_M
     rng = np.random.default_rng(2)
-    cases = [[], [64, 60], [1, 1, 1, 1, 36], [1] * 8 + [80], [0, 0, 1, 200]]
+    cases = [[], [64, 60], [1, 1, 1, 1, 36], [1] * 8 + [80], [1] * 7 + [40], [1] * 4 + [128], [1] * 4 + [129]]
+    cases += [[0, 0, 1, 200]]
     cases += [random_lengths(rng, 64, max_rows=40) for _ in range(200)]
     built = 0
     for lengths in cases:

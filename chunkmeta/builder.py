@@ -155,11 +155,7 @@ class ChunkMetadataBuilder:
         self, query_start_loc: torch.Tensor, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None
     ) -> ChunkMetadata:
         """FLA's exact layout for requests ``[first_seq, first_seq + num_seqs)`` of the batch."""
-        self._accept(query_start_loc, query_start_loc_cpu)
-        metadata = self._build_c(query_start_loc, first_seq, num_seqs, None)
-        if metadata is None:
-            metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), None)
-        return metadata
+        return self._build_step(query_start_loc, query_start_loc_cpu, first_seq, num_seqs, None)
 
     def build_padded(
         self,
@@ -180,11 +176,7 @@ class ChunkMetadataBuilder:
         ``pad="past_end"``: ``(0, PAST_END_CHUNK)``, ``max_num_seqs + 1`` entries — SGLang's.
         """
         _layout.check_pad(pad, PADS, self.capacity.tokens, self.chunk_size)
-        self._accept(query_start_loc, query_start_loc_cpu)
-        metadata = self._build_c(query_start_loc, first_seq, num_seqs, pad)
-        if metadata is None:
-            metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), pad)
-        return metadata
+        return self._build_step(query_start_loc, query_start_loc_cpu, first_seq, num_seqs, pad)
 
     def build_bounded(
         self, query_start_loc: torch.Tensor, *, max_num_tokens: int, num_seqs: int | None = None, pad: str = "past_end"
@@ -200,9 +192,9 @@ class ChunkMetadataBuilder:
         bound than the real count truncates the rows (nothing is written past them).
         """
         _layout.check_pad(pad, _layout.BOUNDED_PADS, self.capacity.tokens, self.chunk_size)
-        if not (type(query_start_loc) is torch.Tensor and query_start_loc.dim() == 1):
-            _plan.check_device_tensor(query_start_loc, -1, self.device)  # raises the precise error
-        length = query_start_loc.shape[0]
+        # anything but a 1-D tensor fails the checks before the length one
+        is_1d = isinstance(query_start_loc, torch.Tensor) and query_start_loc.dim() == 1
+        length = query_start_loc.shape[0] if is_1d else -1
         _plan.check_device_tensor(query_start_loc, length, self.device)
         n = length - 1 if num_seqs is None else _plan.index_arg("num_seqs", num_seqs)
         if not 0 <= n < length:
@@ -315,6 +307,14 @@ class ChunkMetadataBuilder:
         return _layout.padded(pad, self.capacity.seqs, self.capacity.rows)
 
     # -- claim, launch, publish ---------------------------------------------------------------
+
+    def _build_step(self, query_start_loc, query_start_loc_cpu, first_seq, num_seqs, pad) -> ChunkMetadata:
+        """Accept, then the C build if it can take the step, else plan and build in Python."""
+        self._accept(query_start_loc, query_start_loc_cpu)
+        metadata = self._build_c(query_start_loc, first_seq, num_seqs, pad)
+        if metadata is None:
+            metadata = self._build(query_start_loc, self._plan(first_seq, num_seqs), pad)
+        return metadata
 
     def _build_c(self, query_start_loc, first_seq, num_seqs, pad) -> ChunkMetadata | None:
         """The whole build in one C call on accepted tensors, or None when the general path must

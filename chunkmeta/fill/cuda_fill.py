@@ -48,7 +48,7 @@ SWITCH = "CHUNKMETA_CUDA_FILL"
 HEADER = "chunk_fill.h"  # the layout macros the kernel and the host harness share
 ENTRY = b"chunk_metadata_fill"
 _MAX_SEQ_LANES = 8192  # 32 KiB of static shared memory (the static limit is 48 KiB)
-_modules: dict[tuple, int] = {}  # (device, offsets type, defines) -> CUfunction (0: failed), per process
+_modules: dict[tuple, int] = {}  # (device, query_start_loc type, defines) -> CUfunction (0: failed), per process
 
 
 def launch_shape(block_seqs: int) -> tuple[int, int]:

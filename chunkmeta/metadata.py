@@ -20,6 +20,29 @@ class Lease(Protocol):
     def retire(self, generation: int) -> None: ...
 
 
+class Leased:
+    """Liveness of a per-step object whose buffers a ``Lease`` owns (``generation``, ``_lease``
+    and ``_slot`` are the object's attributes)."""
+
+    __slots__ = ()
+
+    @property
+    def is_live(self) -> bool:
+        """False once the owner has reused this object's buffers or retired its step."""
+        return self._lease is None or self._lease.is_live(self._slot, self.generation)
+
+    def check_live(self):
+        """Raise ChunkMetaError if this object was retired; return it otherwise. Host-only."""
+        if self._lease is not None and not self._lease.is_live(self._slot, self.generation):
+            raise ChunkMetaError(self._lease.retired_message(self._slot, self.generation))
+        return self
+
+    def retire(self) -> None:
+        """Retire this object and every older one of its owner (the service's strict mode)."""
+        if self._lease is not None:
+            self._lease.retire(self.generation)
+
+
 def _tensor(instance, attribute, value):
     if not isinstance(value, torch.Tensor):
         raise ChunkMetaError(f"ChunkMetadata.{attribute.name} must be a torch.Tensor, got {type(value).__name__}.")
@@ -31,7 +54,7 @@ def _optional_tensor(instance, attribute, value):
 
 
 @attrs.frozen(slots=True, eq=False, repr=False, weakref_slot=True)
-class ChunkMetadata:
+class ChunkMetadata(Leased):
     """Chunk metadata of a packed prefill batch, in FLA's contract (fla-core >= 0.5.1).
 
     Device tensors: ``cu_seqlens`` int32 [N+1] (rebased to start at 0), ``chunk_indices`` int32
@@ -96,22 +119,6 @@ class ChunkMetadata:
             return self.num_tokens
         return None
 
-    @property
-    def is_live(self) -> bool:
-        """False once the owner has reused this object's buffers or retired its step."""
-        return self._lease is None or self._lease.is_live(self._slot, self.generation)
-
-    def check_live(self) -> ChunkMetadata:
-        """Raise ChunkMetaError if this object was retired; return it otherwise. Host-only."""
-        if self._lease is not None and not self._lease.is_live(self._slot, self.generation):
-            raise ChunkMetaError(self._lease.retired_message(self._slot, self.generation))
-        return self
-
-    def retire(self) -> None:
-        """Retire this object and every older one of its owner (the service's strict mode)."""
-        if self._lease is not None:
-            self._lease.retire(self.generation)
-
     def fla_kwargs(self) -> dict[str, Any]:
         """Keyword arguments FLA's chunked kernels take: cu_seqlens, chunk_indices, chunk_offsets."""
         return {
@@ -134,3 +141,98 @@ class ChunkMetadata:
 
     def __repr__(self) -> str:
         return f"ChunkMetadata({self.describe()})"
+
+
+def _frozen_tables(cls):
+    return attrs.frozen(slots=True, eq=False)(cls)
+
+
+@_frozen_tables
+class ConvBlocks:
+    """The causal-conv1d block tables of a slice (``chunkmeta.tables.Conv``): ``tot`` (a host
+    int, the conv kernel's grid) ``(row, block)`` pairs, ordered by row then block, as vLLM's two
+    int32 tables ``batch_ptr`` / ``token_chunk_offset_ptr`` or SGLang's int32 ``[tot, 2]``
+    ``block_table`` (the other form is None). Padded: capacity rows, ``PAD_SLOT_ID`` / ``(-1, 0)``
+    after ``tot``."""
+
+    batch_ptr: torch.Tensor | None
+    token_chunk_offset_ptr: torch.Tensor | None
+    block_table: torch.Tensor | None
+    tot: int
+    block_m: int
+    num_rows: int
+
+
+@_frozen_tables
+class Mamba2Chunks:
+    """vLLM's Mamba2 SSD chunk tables (``chunkmeta.tables.Mamba2``; values:
+    ``chunkmeta.reference.mamba2_chunk_metadata``): ``cu_chunk_seqlens`` int32 ``[nchunks + 1]``,
+    ``seq_idx`` int32 ``[nchunks]``, ``last_chunk_indices`` int32 ``[num_prefills]``,
+    ``checkpoint_chunk_idx`` int64 ``[num_prefills]`` or None (no row has a checkpoint), host
+    ``num_chunks`` and ``prep_initial_states``. Padded: capacity-shaped, chunks after
+    ``num_chunks`` are empty with ``seq_idx`` -1."""
+
+    cu_chunk_seqlens: torch.Tensor
+    seq_idx: torch.Tensor
+    last_chunk_indices: torch.Tensor
+    checkpoint_chunk_idx: torch.Tensor | None
+    chunk_size: int
+    num_chunks: int
+    num_prefills: int
+    prep_initial_states: bool
+
+
+@_frozen_tables
+class SglangMamba2Chunks:
+    """SGLang's ``prepare_mixed`` tables (``chunkmeta.tables.SglangMamba2``; values:
+    ``chunkmeta.reference.sglang_mamba2_mixed``): ``seq_idx`` int32 ``[1, T]``, the logical
+    ``chunk_indices`` / ``chunk_offsets`` int32 ``[num_logical_chunks]`` (built whatever
+    ``prep_initial_states`` says: SGLang passes None where no row has a prefix), and
+    ``has_initial_states`` bool ``[num_prefills]`` on the device."""
+
+    seq_idx: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    has_initial_states: torch.Tensor
+    chunk_size: int
+    num_logical_chunks: int
+    num_prefills: int
+    num_prefill_tokens: int
+    prep_initial_states: bool
+
+
+@attrs.frozen(slots=True, eq=False, repr=False, weakref_slot=True)
+class StepTables(Leased):
+    """Every table one step asked for (``chunkmeta.StepTablesBuilder``), by the names the engine
+    gave them: ``step["fla"]`` or ``step.fla``. Frozen, like ``ChunkMetadata``; the tables share
+    one ring slot, so they are live (``is_live``) together."""
+
+    _tables: dict
+    padded: bool
+    generation: int
+    _lease: Lease | None = attrs.field(default=None, alias="lease")
+    _slot: int = attrs.field(default=0, alias="slot")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tables)
+
+    def __getitem__(self, name: str):
+        table = self._tables.get(name)
+        if table is None:
+            raise ChunkMetaError(
+                f"no table {name!r} in this step: the builder was made for {tuple(self._tables)}; "
+                "name it in StepTablesBuilder(tables=...) to have it built."
+            )
+        return table
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except ChunkMetaError as exc:
+            raise AttributeError(str(exc)) from None
+
+    def __repr__(self) -> str:
+        return f"StepTables({', '.join(self._tables)}; generation={self.generation} live={self.is_live})"

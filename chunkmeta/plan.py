@@ -313,3 +313,56 @@ def verify_host_copy(query_start_loc, query_start_loc_cpu) -> None:
             f"query_start_loc[{i}]={int(device[i])} on the device but query_start_loc_cpu[{i}]={int(host[i])}: "
             "the host copy must hold the device tensor's values (copy them in the same scheduler step)."
         )
+
+
+def segment_counts(positions: np.ndarray, lengths: np.ndarray, shift: int) -> np.ndarray:
+    """Chunks per segment (int64) when a chunk ends at every multiple of ``1 << shift`` and at
+    the segment's end, for segments of ``lengths`` tokens at ``positions``: an empty segment
+    mid-chunk gets one, one on a boundary none (``chunkmeta.fill.step_fill.segment_chunks``)."""
+    positions = positions.astype(np.int64, copy=False)
+    lengths = lengths.astype(np.int64, copy=False)
+    full = ((positions + lengths - 1) >> shift) - (positions >> shift) + 1
+    empty = (positions & ((1 << shift) - 1)) != 0
+    return np.where(lengths > 0, full, empty)
+
+
+def row_values(name: str, values, num_rows: int) -> np.ndarray:
+    """A host per-row array (``num_computed_tokens_cpu``, ``checkpoint_offsets_cpu``): 1-D int32 or
+    int64 with one entry per request of the batch, all ``>= 0``."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise ChunkMetaError(
+                f"{name} is on {values.device}: it must be the host copy (reading a device tensor would sync)."
+            )
+        if values.dtype not in _INTEGER_DTYPES:
+            raise ChunkMetaError(f"{name} has dtype {values.dtype}: must be torch.int32 or torch.int64.")
+        values = values.numpy()
+    elif not isinstance(values, np.ndarray) or values.dtype not in _NP_INTEGER_DTYPES:
+        raise ChunkMetaError(
+            f"{name} is a {type(values).__name__}: must be a CPU torch tensor or a numpy array of int32/int64."
+        )
+    if values.ndim != 1 or values.shape[0] != num_rows:
+        raise ChunkMetaError(
+            f"{name} has shape {tuple(values.shape)}: must be 1-D with one entry per request ({num_rows}), "
+            "indexed like query_start_loc's rows."
+        )
+    negative = np.flatnonzero(values < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise ChunkMetaError(f"{name}[{i}]={int(values[i])}: must be >= 0.")
+    return values
+
+
+def check_row_tensor(name: str, tensor, num_rows: int, device: torch.device) -> None:
+    """The device copy of a per-row array: int32/int64, 1-D, contiguous, ``num_rows`` entries, on ``device``."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ChunkMetaError(f"{name} is a {type(tensor).__name__}: must be the device torch tensor.")
+    if tensor.dtype not in _INTEGER_DTYPES:
+        raise ChunkMetaError(f"{name} has dtype {tensor.dtype}: must be torch.int32 or torch.int64.")
+    if tensor.dim() != 1 or tensor.shape[0] != num_rows or tensor.stride(0) != 1:
+        raise ChunkMetaError(
+            f"{name} has shape {tuple(tensor.shape)} (stride {tensor.stride()}): must be contiguous 1-D with "
+            f"{num_rows} entries (one per request), the device copy of its host array."
+        )
+    if tensor.device != device:
+        raise ChunkMetaError(f"{name} is on {tensor.device} but the builder's buffers are on {device}.")

@@ -32,14 +32,56 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-class Ring:
+class SlotLedger:
+    """The ring rule's bookkeeping: which slot a build writes, and which generations are live.
+
+    The ``Lease`` of every object a ring-backed builder returns (``chunkmeta.metadata.Lease``).
+    Host only: it never reads the device.
+    """
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._slot_generation = [0] * depth
+        self._retired_through = 0  # generations <= this were retired explicitly (retire())
+        self.generation = 0  # the newest published build's
+
+    def claim(self) -> tuple[int, int]:
+        """``(slot, generation)`` of the next build; nothing changes until ``publish``."""
+        generation = self.generation + 1
+        return generation % self.depth, generation
+
+    def publish(self, slot: int, generation: int) -> None:
+        """Record a finished build: its slot now holds ``generation``'s tables."""
+        self.generation = generation
+        self._slot_generation[slot] = generation
+
+    def is_live(self, slot: int, generation: int) -> bool:
+        return self._slot_generation[slot] == generation and generation > self._retired_through
+
+    def retire(self, generation: int) -> None:
+        self._retired_through = max(self._retired_through, generation)
+
+    def retired_message(self, slot: int, generation: int) -> str:
+        if generation <= self._retired_through:
+            return (
+                f"the metadata of build {generation} is retired: its step ended (the service's strict "
+                "mode). Use the open step's metadata (service.current)."
+            )
+        return (
+            f"the metadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
+            f"{self._slot_generation[slot]} (ring_depth={self.depth}). Use the current step's "
+            "metadata, or raise ring_depth if the host must hold more steps."
+        )
+
+
+class Ring(SlotLedger):
     """``depth`` slots of the four tables, their generations, and the views handed out.
 
     The ``Lease`` of every ``ChunkMetadata`` a builder returns (``chunkmeta.metadata.Lease``).
     """
 
     def __init__(self, depth: int, capacity: Capacity, device: torch.device, offsets_dtype: torch.dtype = torch.int64):
-        self.depth = depth
+        super().__init__(depth)
         self.capacity = capacity
         seqs = capacity.seqs + 2
         # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
@@ -57,26 +99,11 @@ class Ring:
             for k in range(depth)
         ]
         self._pointers = [tuple(t.data_ptr() for t in slot) for slot in self._slots]
-        self._slot_generation = [0] * depth
-        self._retired_through = 0  # generations <= this were retired explicitly (retire())
-        self.generation = 0  # the newest published build's
         # Output views, cached by sequence count and by row count (a view costs a microsecond
         # or more to make; steps repeat sequence counts far more often than row counts); each
         # cache is cleared when it reaches _VIEW_CACHE_LIMIT. The C build reads both dicts.
         self.seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
         self.row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
-
-    # -- slots ----------------------------------------------------------------------------
-
-    def claim(self) -> tuple[int, int]:
-        """``(slot, generation)`` of the next build; nothing changes until ``publish``."""
-        generation = self.generation + 1
-        return generation % self.depth, generation
-
-    def publish(self, slot: int, generation: int) -> None:
-        """Record a finished build: its slot now holds ``generation``'s tables."""
-        self.generation = generation
-        self._slot_generation[slot] = generation
 
     def pointers(self, slot: int) -> tuple[int, int, int, int]:
         """Addresses of slot ``slot``'s ``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)``."""
@@ -109,22 +136,46 @@ class Ring:
             rows = self.row_views[(slot, rows_out)] = indices[:rows_out]
         return seq_views[0], rows, seq_views[1], seq_views[2]
 
-    # -- the Lease protocol -----------------------------------------------------------------
 
-    def is_live(self, slot: int, generation: int) -> bool:
-        return self._slot_generation[slot] == generation and generation > self._retired_through
+class TableRing(SlotLedger):
+    """``depth`` slots of a step builder's tables (``chunkmeta.tables.slot_layout``): one byte
+    arena per slot on the device, every region at its fixed offset (the kernel's compile-time
+    constants), so a build passes one pointer per slot. Views are cached per
+    ``(slot, offset, count)``."""
 
-    def retire(self, generation: int) -> None:
-        self._retired_through = max(self._retired_through, generation)
+    def __init__(self, depth: int, regions: dict, slot_bytes: int, device: torch.device):
+        super().__init__(depth)
+        # Slot strides stay 16-byte multiples: every slot is as aligned as the first, which a
+        # compiled kernel (specialized on its first launch's pointers) relies on.
+        self.arena = torch.zeros(depth, _round_up(max(slot_bytes, 16), 16), dtype=torch.uint8, device=device)
+        self._regions = [
+            {
+                region.offset: self.arena[
+                    k, region.offset : region.offset + region.entries * region.dtype.itemsize
+                ].view(region.dtype)
+                for fields in regions.values()
+                for region in fields.values()
+            }
+            for k in range(depth)
+        ]
+        self._pointers = [self.arena[k].data_ptr() for k in range(depth)]
+        self._views: dict[tuple, torch.Tensor] = {}
 
-    def retired_message(self, slot: int, generation: int) -> str:
-        if generation <= self._retired_through:
-            return (
-                f"ChunkMetadata of build {generation} is retired: its step ended (the service's strict "
-                "mode). Use the open step's metadata (service.current)."
-            )
-        return (
-            f"ChunkMetadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "
-            f"{self._slot_generation[slot]} (ring_depth={self.depth}). Use the current step's "
-            "metadata, or raise ring_depth if the host must hold more steps."
-        )
+    def pointer(self, slot: int) -> int:
+        return self._pointers[slot]
+
+    def region(self, slot: int, offset: int) -> torch.Tensor:
+        """The whole region at ``offset`` of a slot (1-D, its dtype)."""
+        return self._regions[slot][offset]
+
+    def view(self, slot: int, offset: int, count: int, pairs: bool = False) -> torch.Tensor:
+        """The first ``count`` entries (rows of two with ``pairs``) of a region, cached."""
+        key = (slot, offset, count, pairs)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= _VIEW_CACHE_LIMIT:
+                self._views.clear()
+            region = self._regions[slot][offset]
+            view = region[: 2 * count].view(count, 2) if pairs else region[:count]
+            self._views[key] = view
+        return view

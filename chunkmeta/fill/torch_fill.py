@@ -52,3 +52,115 @@ def fill_torch(
     real = rows < num_chunks
     chunk_indices[:rows_out, 0].copy_(torch.where(real, seq, layout.pad_seq))
     chunk_indices[:rows_out, 1].copy_(torch.where(real, chunk, layout.pad_chunk))
+
+
+def segment_chunks_torch(positions: torch.Tensor, lengths: torch.Tensor, shift: int) -> torch.Tensor:
+    """``chunkmeta.fill.step_fill.segment_chunks`` in torch ops (int64)."""
+    full = ((positions + lengths - 1) >> shift) - (positions >> shift) + 1
+    mid = (positions & ((1 << shift) - 1)) != 0
+    return torch.where(lengths > 0, full, mid.to(torch.int64))
+
+
+def fill_entry_torch(
+    entry,
+    query_start_loc: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    checkpoint_offsets: torch.Tensor,
+    regions: tuple,
+    first_seq: int,
+    num_seqs: int,
+    num_rows: int,
+    padded: bool,
+) -> None:
+    """One entry of ``chunkmeta.fill.step_fill.step_tables_kernel``, writing what it writes
+    (``regions``: the entry's region tensors at ``off0 .. off3``, None where unused)."""
+    kind, shift, _, base_kind, flag, _, _, _, _, seqs_pad, pad0, pad1 = entry
+    n = num_seqs
+    seqs_out = seqs_pad if padded else n
+    if kind == 1:
+        cu, indices, offsets = regions[0], regions[1].view(-1, 2), regions[2]
+        fill_torch(
+            query_start_loc, cu, indices, offsets, first_seq, n, 1 << shift, Layout(seqs_out, num_rows, pad0, pad1)
+        )
+        return
+    device = query_start_loc.device
+    segment = query_start_loc[first_seq : first_seq + n + 1].to(torch.int64)
+    lengths = segment[1:] - segment[:-1]
+    if base_kind == 0:
+        positions = torch.zeros_like(lengths)
+    elif base_kind == 1:
+        positions = segment[:-1] - segment[0]
+    else:
+        positions = num_computed_tokens[first_seq : first_seq + n].to(torch.int64)
+    first_chunks = segment_chunks_torch(positions, lengths, shift)
+    counts = first_chunks
+    checkpoints = kind == 3 and flag
+    if checkpoints:
+        checkpoint = checkpoint_offsets[first_seq : first_seq + n].to(torch.int64)
+        split = checkpoint > 0
+        first_chunks = torch.where(split, segment_chunks_torch(positions, checkpoint, shift), first_chunks)
+        counts = torch.where(
+            split, first_chunks + segment_chunks_torch(positions + checkpoint, lengths - checkpoint, shift), counts
+        )
+    chunk_ends = torch.cumsum(counts, 0)
+    num_chunks = chunk_ends[-1:] if n else torch.zeros(1, dtype=torch.int64, device=device)
+    tail = seqs_out - n
+    if kind == 3:
+        last = regions[2]
+        last[:n].copy_(chunk_ends - 1)
+        last[n:seqs_out].copy_((num_chunks - 1).expand(tail))
+        if checkpoints:
+            marks = torch.where(split, chunk_ends - counts + first_chunks - 1, 0)
+            regions[3][:n].copy_(marks)
+            regions[3][n:seqs_out].zero_()
+    if kind == 4 and flag:
+        regions[2][:n].copy_(num_computed_tokens[first_seq : first_seq + n] > 0)
+        regions[2][n:seqs_out].zero_()
+    if num_rows == 0:
+        return
+    rows = torch.arange(num_rows, dtype=torch.int64, device=device)
+    real = rows < num_chunks
+    if n:
+        seq = torch.searchsorted(chunk_ends, rows, right=True).clamp(max=n - 1)
+        chunk = rows - (chunk_ends - counts)[seq]
+    else:
+        seq = chunk = torch.zeros_like(rows)
+    if kind == 2:
+        if flag:
+            table = regions[0].view(-1, 2)
+            table[:num_rows, 0].copy_(torch.where(real, seq, pad0))
+            table[:num_rows, 1].copy_(torch.where(real, chunk, pad1))
+        else:
+            regions[0][:num_rows].copy_(torch.where(real, seq, pad0))
+            regions[1][:num_rows].copy_(torch.where(real, chunk, pad1))
+        return
+    if kind == 5:
+        regions[0][:num_rows].copy_(torch.where(real, seq, pad0))
+        return
+    if n == 0:
+        row_pos = row_len = row_start = chunk
+    else:
+        row_start = segment[:-1][seq] - segment[0]
+        row_len = lengths[seq]
+        row_pos = positions[seq]
+    if checkpoints and n:
+        row_checkpoint = checkpoint[seq]
+        row_first = first_chunks[seq]
+        second = (row_checkpoint > 0) & (chunk >= row_first)
+        seg_pos = torch.where(second, row_pos + row_checkpoint, row_pos)
+        seg_len = torch.where(
+            second, row_len - row_checkpoint, torch.where(row_checkpoint > 0, row_checkpoint, row_len)
+        )
+        seg_chunk = torch.where(second, chunk - row_first, chunk)
+    else:
+        seg_pos, seg_len, seg_chunk = row_pos, row_len, chunk
+    boundary = seg_pos >> shift
+    start = torch.where(seg_chunk == 0, seg_pos, (boundary + seg_chunk) << shift)
+    end = torch.minimum((boundary + seg_chunk + 1) << shift, seg_pos + seg_len)
+    if kind == 3:
+        num_tokens = segment[-1:] - segment[0]
+        regions[0][1 : num_rows + 1].copy_(torch.where(real, row_start + end - row_pos, num_tokens))
+        regions[1][:num_rows].copy_(torch.where(real, seq, pad0))
+    else:
+        regions[0][:num_rows].copy_(torch.where(real, start >> shift, pad0))
+        regions[1][:num_rows].copy_(torch.where(real, start & ((1 << shift) - 1), pad1))

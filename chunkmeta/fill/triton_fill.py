@@ -60,7 +60,7 @@ def chunk_metadata_kernel(
     work <= BLOCK_SEQS + 9 * num_rows.
 
     A row's sequence is the number of sequences whose chunks end at or before it; each row
-    finds it by binary lifting over the sorted chunk ends (``_find_rows``: LOG2_BLOCK_SEQS
+    finds it by binary lifting over the sorted chunk ends (``find_rows``: LOG2_BLOCK_SEQS
     rounds, the first ones warp-local), then ``t = row - chunk_offsets[seq]``. There is no loop
     over a sequence's chunks: rows are parallel. ROW_GROUPS (the warp count) shapes the rows
     for the warp-local rounds; ROW_SEARCH=False is a diagnostic (wrong rows) that measures the
@@ -72,30 +72,92 @@ def chunk_metadata_kernel(
     offset (zero-length tails). Token counts fit int32 (host-validated); offsets are stored
     as int64.
     """
-    pid = tl.program_id(0)
     if PARAMS_ON_DEVICE:
         first_seq = tl.load(step_params)
         num_seqs = tl.load(step_params + 1)
-    # The sequences as a [BLOCK_SEQS / SCAN_COLS, SCAN_COLS] tile, scanned along its rows, then
-    # the row totals down the tile: at thousands of sequences that is faster than one 1-D scan
-    # (the TritonFill defaults cite the sweep).
-    seqs = tl.arange(0, BLOCK_SEQS // SCAN_COLS)[:, None] * SCAN_COLS + tl.arange(0, SCAN_COLS)[None, :]
+    fla_tables(
+        query_start_loc,
+        cu_seqlens,
+        chunk_indices,
+        chunk_offsets,
+        first_seq,
+        num_seqs,
+        num_rows,
+        seqs_out,
+        pad_seq,
+        tl.program_id(0),
+        tl.num_programs(0),
+        CHUNK_SHIFT,
+        BLOCK_SEQS,
+        SCAN_COLS,
+        LOG2_SCAN_COLS,
+        LOG2_BLOCK_SEQS,
+        BLOCK_ROWS,
+        ROW_GROUPS,
+        PADDED,
+        PAD_CHUNK,
+        ROW_SEARCH,
+    )
+
+
+@triton.jit
+def seq_lanes(BLOCK_SEQS: tl.constexpr, SCAN_COLS: tl.constexpr):
+    """The sequence lanes as a [BLOCK_SEQS / SCAN_COLS, SCAN_COLS] tile, scanned along its rows,
+    then the row totals down the tile: at thousands of sequences that is faster than one 1-D
+    scan (the TritonFill defaults cite the sweep)."""
+    return tl.arange(0, BLOCK_SEQS // SCAN_COLS)[:, None] * SCAN_COLS + tl.arange(0, SCAN_COLS)[None, :]
+
+
+@triton.jit
+def scan_counts(seq_chunks):
+    """Inclusive prefix sums of the per-lane counts of a ``seq_lanes`` tile: ``(chunk_ends,
+    tile_ends, total)``; ``tile_ends`` are the tile rows' last ends (the row search's coarse keys)."""
+    tile_chunks = tl.sum(seq_chunks, 1)
+    tile_ends = tl.cumsum(tile_chunks, 0)
+    chunk_ends = tl.cumsum(seq_chunks, 1) + (tile_ends - tile_chunks)[:, None]
+    return chunk_ends, tile_ends, tl.sum(tile_chunks, 0)
+
+
+@triton.jit
+def fla_tables(
+    query_start_loc,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    first_seq,
+    num_seqs,
+    num_rows,
+    seqs_out,
+    pad_seq,
+    pid,
+    num_programs,
+    CHUNK_SHIFT: tl.constexpr,
+    BLOCK_SEQS: tl.constexpr,
+    SCAN_COLS: tl.constexpr,
+    LOG2_SCAN_COLS: tl.constexpr,
+    LOG2_BLOCK_SEQS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
+    PADDED: tl.constexpr,
+    PAD_CHUNK: tl.constexpr,
+    ROW_SEARCH: tl.constexpr,
+):
+    """Program ``pid`` of ``num_programs``' share of FLA's three tables (``chunk_metadata_kernel``
+    states the contract; ``chunkmeta.fill.step_fill`` runs it as one entry of a step's launch)."""
+    seqs = seq_lanes(BLOCK_SEQS, SCAN_COLS)
     real_seq = seqs < num_seqs
     qsl = query_start_loc + first_seq
     base = tl.load(qsl)
     ends = tl.load(qsl + 1 + seqs, mask=real_seq, other=0)
     starts = tl.load(qsl + seqs, mask=real_seq, other=0)
     seq_chunks = ((ends - starts + ((1 << CHUNK_SHIFT) - 1)) >> CHUNK_SHIFT).to(tl.int32)
-    tile_chunks = tl.sum(seq_chunks, 1)
-    tile_ends = tl.cumsum(tile_chunks, 0)
     # chunk_offsets[i + 1]
-    chunk_ends = tl.cumsum(seq_chunks, 1) + (tile_ends - tile_chunks)[:, None]
-    num_chunks = tl.sum(tile_chunks, 0)
+    chunk_ends, tile_ends, num_chunks = scan_counts(seq_chunks)
 
     # cu_seqlens[1:] and chunk_offsets[1:]: each program stores its share of the sequences
     # (every program has them all), so no program carries all N stores: at thousands of
     # sequences that was faster than program 0 storing them all (bench/RESULTS.md, kernel sweeps)
-    share = (seqs_out + tl.num_programs(0) - 1) // tl.num_programs(0)
+    share = (seqs_out + num_programs - 1) // num_programs
     mine = (seqs >= pid * share) & (seqs < pid * share + share) & (seqs < seqs_out)
     seq_ends = ends - base
     offset_ends = chunk_ends
@@ -113,7 +175,7 @@ def chunk_metadata_kernel(
 
     keys = tl.reshape(tl.where(real_seq, chunk_ends, 2147483647), [BLOCK_SEQS])
     if ROW_SEARCH:
-        rows, seq, seq_start = _find_rows(
+        rows, seq, seq_start = find_rows(
             keys, tile_ends, pid * BLOCK_ROWS, BLOCK_ROWS, ROW_GROUPS, LOG2_BLOCK_SEQS - LOG2_SCAN_COLS, LOG2_SCAN_COLS
         )
     else:  # a diagnostic (bench/kernel_sweep.py): the kernel's cost without its search
@@ -125,10 +187,16 @@ def chunk_metadata_kernel(
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
         chunk = tl.where(real_row, chunk, PAD_CHUNK)
-    # one 8-byte store per row (i in the low word, t in the high word: little-endian int32 pairs),
-    # coalesced across the warp, instead of two strided 4-byte stores
-    row = (seq.to(tl.int64) & 0xFFFFFFFF) | (chunk.to(tl.int64) << 32)
-    tl.store(chunk_indices.to(tl.pointer_type(tl.int64)) + rows, row, mask=rows < num_rows)
+    store_pairs(chunk_indices, rows, seq, chunk, num_rows)
+
+
+@triton.jit
+def store_pairs(table, rows, first, second, num_rows):
+    """Rows of an int32 ``[num_rows, 2]`` table (8-byte aligned): one 8-byte store per row
+    (``first`` in the low word, ``second`` in the high word: little-endian int32 pairs),
+    coalesced across the warp, instead of two strided 4-byte stores."""
+    row = (first.to(tl.int64) & 0xFFFFFFFF) | (second.to(tl.int64) << 32)
+    tl.store(table.to(tl.pointer_type(tl.int64)) + rows, row, mask=rows < num_rows)
 
 
 @triton.jit
@@ -146,7 +214,7 @@ def _lift(source, pos, found, rows, span: tl.constexpr, rounds: tl.constexpr, ax
 
 
 @triton.jit
-def _find_rows(
+def find_rows(
     keys,
     tile_ends,
     first_row,

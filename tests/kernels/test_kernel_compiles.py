@@ -47,6 +47,32 @@ for block_rows, num_warps, scan_cols in ((128, 4, 16), (512, 16, 64), (128, 16, 
                       num_warps=num_warps, scan_cols=scan_cols)
     compile(fill)
     print("compiled", 256, block_rows, num_warps, scan_cols)
+
+# the step kernel (chunkmeta.fill.step_fill): every entry kind, in both layouts, at three capacities,
+# with int64 per-row inputs where an engine passes them
+from chunkmeta import tables
+from chunkmeta.fill.step_fill import StepFill, step_tables_kernel
+
+specs = {"fla": tables.Fla(64), "fla_batch": tables.Fla(64, rows="batch", offsets_dtype=__import__("torch").int32),
+         "conv": tables.Conv(), "mamba2": tables.Mamba2(chunk_size=256, checkpoints=True),
+         "sglang": tables.SglangMamba2(chunk_size=64)}
+step_signature = {"query_start_loc": "*i32", "num_computed_tokens": "*i64", "checkpoint_offsets": "*i32",
+                  "arena": "*u8", **{name: "i32" for name in ("first_seq", "num_seqs", "batch_seqs", "rows0", "rows1",
+                                                              "rows2", "rows3", "rows4", "rows5")}}
+for capacity in (64, 1024, 4096):
+    entries = tables.slot_layout(specs, capacity, 65536, "tail").entries
+    for padded in (False, True):
+        fill = StepFill(entries=entries, block_seqs=capacity, padded=padded)
+        full = dict(step_signature, **{name: "constexpr" for name in fill.constexprs})
+        triton.compile(ASTSource(step_tables_kernel, full, dict(fill.constexprs)), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": fill.num_warps})
+        print("compiled step", capacity, padded)
+paired = tables.slot_layout({"conv": tables.Conv(paired=True), "mamba2": tables.Mamba2()}, 256, 8192, "tail")
+fill = StepFill(entries=paired.entries, block_seqs=256, padded=False)
+full = dict(step_signature, **{name: "constexpr" for name in fill.constexprs})
+triton.compile(ASTSource(step_tables_kernel, full, dict(fill.constexprs)), target=GPUTarget("cuda", 90, 32),
+               options={"num_warps": fill.num_warps})
+print("compiled step paired")
 """
 
 
@@ -73,7 +99,7 @@ def test_compiles_for_sm90():
         # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
         cannot_compile(f"this Triton cannot compile for sm_90 here: {done.stderr[-600:]}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 13, done.stdout
+    assert done.stdout.count("compiled") == 20, done.stdout
 
 
 def test_cuda_fill_compiles_for_sm90():

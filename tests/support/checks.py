@@ -108,3 +108,79 @@ def no_sync():
         yield
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def assert_step_tables(step, builder, qsl, first_seq, num_seqs, computed=None, checkpoints=None):
+    """Every table of a StepTables equals the reference for the batch (``qsl``: the host list;
+    ``computed`` / ``checkpoints``: per-request lists), in the exact or the padded layout."""
+    from chunkmeta import layout, tables
+
+    num_requests = len(qsl) - 1
+    padded = step.padded
+    cap_seqs, cap_tokens = builder.capacity.seqs, builder.capacity.tokens
+    assert step.names == tuple(builder.specs)
+    for name, spec in builder.specs.items():
+        table = step[name]
+        if isinstance(spec, tables.Fla):
+            first, n = (first_seq, num_seqs) if spec.rows == "prefill" else (0, num_requests)
+            batch = Batch(list(qsl), first, n)
+            if padded:
+                rows = -(-cap_tokens // spec.chunk_size) + cap_seqs
+                shape = layout.padded(builder.pad, cap_seqs, rows)
+                assert_padded(table, batch, spec.chunk_size, shape.seqs_out, rows, shape.pad_seq, shape.pad_chunk)
+            else:
+                assert_exact(table, batch, spec.chunk_size)
+            assert table.chunk_offsets.dtype == spec.offsets_dtype
+        elif isinstance(spec, tables.Conv):
+            first, n = (first_seq, num_seqs) if spec.rows == "prefill" else (0, num_requests)
+            ref = reference.causal_conv1d_metadata(qsl[first : first + n + 1], spec.block_m)
+            assert table.tot == ref.tot and table.num_rows == n
+            pad = (-(-cap_tokens // spec.block_m) + cap_seqs - ref.tot) if padded else 0
+            pairs = list(zip(ref.batch_ptr, ref.token_chunk_offset_ptr, strict=True))
+            if spec.paired:
+                assert table.batch_ptr is None and table.block_table.dtype == torch.int32
+                assert [tuple(r) for r in table.block_table.cpu().tolist()] == pairs + [(-1, 0)] * pad
+            else:
+                assert table.block_table is None
+                assert table.batch_ptr.dtype == table.token_chunk_offset_ptr.dtype == torch.int32
+                assert table.batch_ptr.cpu().tolist() == ref.batch_ptr + [tables.PAD_SLOT_ID] * pad
+                assert table.token_chunk_offset_ptr.cpu().tolist() == ref.token_chunk_offset_ptr + [-1] * pad
+        elif isinstance(spec, tables.Mamba2):
+            rows_computed = computed[first_seq : first_seq + num_seqs]
+            ckpt = checkpoints[first_seq : first_seq + num_seqs] if spec.checkpoints else None
+            ref = reference.mamba2_chunk_metadata(qsl, rows_computed, spec.chunk_size, first_seq, num_seqs, ckpt)
+            assert (table.num_chunks, table.num_prefills, table.chunk_size) == (
+                ref.num_chunks,
+                num_seqs,
+                spec.chunk_size,
+            )
+            assert table.prep_initial_states == ref.prep_initial_states
+            pad = (spec._rows(cap_seqs, cap_tokens) - ref.num_chunks) if padded else 0
+            seq_pad = (cap_seqs - num_seqs) if padded else 0
+            tokens = ref.cu_chunk_seqlens[-1]
+            assert table.cu_chunk_seqlens.cpu().tolist() == ref.cu_chunk_seqlens + [tokens] * pad
+            assert table.seq_idx.cpu().tolist() == ref.seq_idx + [-1] * pad
+            assert table.last_chunk_indices.cpu().tolist() == ref.last_chunk_indices + [ref.num_chunks - 1] * seq_pad
+            assert table.cu_chunk_seqlens.dtype == table.seq_idx.dtype == table.last_chunk_indices.dtype == torch.int32
+            if ref.checkpoint_chunk_idx is None:
+                assert table.checkpoint_chunk_idx is None
+            else:
+                assert table.checkpoint_chunk_idx.dtype == torch.int64
+                assert table.checkpoint_chunk_idx.cpu().tolist() == ref.checkpoint_chunk_idx + [0] * seq_pad
+        else:
+            rows = [v - qsl[first_seq] for v in qsl[first_seq : first_seq + num_seqs + 1]]
+            ref = reference.sglang_mamba2_mixed(rows, computed[first_seq : first_seq + num_seqs], spec.chunk_size)
+            indices, offsets = reference.sglang_chunk_indices_offsets(rows, spec.chunk_size)
+            assert (table.num_logical_chunks, table.num_prefills) == (len(indices), num_seqs)
+            assert (table.num_prefill_tokens, table.prep_initial_states) == (
+                ref.num_prefill_tokens,
+                ref.prep_initial_states,
+            )
+            token_pad = (cap_tokens - ref.num_prefill_tokens) if padded else 0
+            pad = (tables._ssd_rows(cap_tokens, cap_seqs, spec.chunk_size, 1) - len(indices)) if padded else 0
+            seq_pad = (cap_seqs - num_seqs) if padded else 0
+            assert table.seq_idx.cpu().tolist() == [ref.seq_idx[0] + [-1] * token_pad]
+            assert table.chunk_indices.cpu().tolist() == indices + [-1] * pad
+            assert table.chunk_offsets.cpu().tolist() == offsets + [0] * pad
+            assert table.has_initial_states.dtype == torch.bool
+            assert table.has_initial_states.cpu().tolist() == ref.has_initial_states + [False] * seq_pad

@@ -1,0 +1,259 @@
+"""StepTablesBuilder: every table of a step against the reference, on CPU (the torch fill and the
+Triton kernel under the interpreter), exact and padded; bad input; liveness."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checks import assert_step_tables
+from chunkmeta import ChunkMetaError, StepTablesBuilder
+from chunkmeta import tables as T
+from strategies import lengths_around
+
+MAX_SEQS, MAX_TOKENS = 12, 2048
+# Every kind of entry, with chunk sizes that differ between tables, in two builders (a launch
+# holds six entries)
+SPECS = {
+    "fla": T.Fla(64),
+    "fla_batch": T.Fla(32, rows="batch", offsets_dtype=torch.int32),
+    "conv": T.Conv(),
+    "mamba2": T.Mamba2(chunk_size=32, checkpoints=True),
+    "sglang": T.SglangMamba2(chunk_size=16),
+}
+SPECS_B = {
+    "conv_pairs": T.Conv(rows="prefill", paired=True),
+    "mamba2": T.Mamba2(chunk_size=16),
+    "fla": T.Fla(16, rows="batch"),
+}
+
+
+@st.composite
+def steps(draw, max_prefills: int = 9):
+    """A decode-first batch with each request's computed tokens (0, chunk-aligned, one off, or
+    any) and checkpoint offsets (0 or within the request's new tokens)."""
+    decodes = draw(st.integers(0, 2))
+    prefills = draw(st.lists(lengths_around(16, 200), max_size=max_prefills))
+    trailing = draw(st.lists(st.integers(0, 3), max_size=1))
+    lengths = [1] * decodes + prefills + trailing
+    start = draw(st.sampled_from([0, 0, 7]))
+    qsl = [start]
+    for n in lengths:
+        qsl.append(qsl[-1] + n)
+    computed = [
+        draw(st.sampled_from([0, 0, 16, 32, 31, 33, 64, 256]) | st.integers(0, 500)) for _ in range(len(lengths))
+    ]
+    checkpoints = [draw(st.sampled_from([0, 0, n, 1]) | st.integers(0, n)) if n else 0 for n in lengths]
+    checkpoints = [min(k, n) for k, n in zip(checkpoints, lengths, strict=True)]
+    return qsl, decodes, len(prefills), computed, checkpoints
+
+
+def build(builder, qsl, first, n, computed, checkpoints, padded=False, dtype=torch.int32):
+    q = torch.tensor(qsl, dtype=dtype)
+    c = torch.tensor(computed, dtype=dtype)
+    k = torch.tensor(checkpoints, dtype=torch.int32)
+    return builder.build(
+        q,
+        q,
+        first_seq=first,
+        num_seqs=n,
+        num_computed_tokens=c,
+        num_computed_tokens_cpu=c.clone(),
+        checkpoint_offsets=k,
+        checkpoint_offsets_cpu=k.clone(),
+        padded=padded,
+    )
+
+
+BUILDERS = {}
+
+
+def builder_for(backend, specs_name, pad="tail"):
+    key = (backend, specs_name, pad)
+    if key not in BUILDERS:
+        specs = SPECS if specs_name == "a" else SPECS_B
+        BUILDERS[key] = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend=backend, pad=pad)
+    return BUILDERS[key]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=steps(), specs_name=st.sampled_from("ab"), padded=st.booleans(), wide=st.booleans())
+def test_torch_fill_equals_reference(step, specs_name, padded, wide):
+    qsl, first, n, computed, checkpoints = step
+    builder = builder_for("torch", specs_name)
+    tables = build(builder, qsl, first, n, computed, checkpoints, padded, torch.int64 if wide else torch.int32)
+    assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=steps(max_prefills=6), specs_name=st.sampled_from("ab"), padded=st.booleans())
+def test_triton_kernel_equals_reference(step, specs_name, padded):
+    qsl, first, n, computed, checkpoints = step
+    builder = builder_for("triton", specs_name, pad="negative" if padded else "tail")
+    tables = build(builder, qsl, first, n, computed, checkpoints, padded)
+    assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+
+
+EDGES = {
+    "empty batch": ([0], 0, 0, [], []),
+    "empty prefill": ([0, 1, 2], 2, 0, [5, 9], [0, 0]),
+    "zero-length rows": ([0, 0, 0, 0], 0, 3, [0, 16, 17], [0, 0, 0]),
+    "aligned prefixes": ([0, 32, 96], 0, 2, [32, 64], [0, 0]),
+    "partial first chunks": ([0, 5, 40, 41], 0, 3, [30, 1, 15], [0, 0, 0]),
+    "checkpoint at either end": ([0, 40, 80, 81], 0, 3, [3, 0, 16], [40, 1, 1]),
+    "one full batch": ([0] + [170 * (i + 1) for i in range(MAX_SEQS)], 0, MAX_SEQS, [7] * MAX_SEQS, [3] * MAX_SEQS),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("edge", list(EDGES))
+def test_edge_cases(backend, padded, edge):
+    qsl, first, n, computed, checkpoints = EDGES[edge]
+    for specs_name in "ab":
+        builder = builder_for(backend, specs_name)
+        tables = build(builder, qsl, first, n, computed, checkpoints, padded)
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+
+
+# --- bad input: a clear error, nothing written, the builder keeps working ----------------------
+
+GOOD = ([0, 1, 40, 100], 1, 2, [4, 0, 33], [0, 10, 0])
+
+
+def bad_cases():
+    q = torch.tensor(GOOD[0], dtype=torch.int32)
+    c = torch.tensor(GOOD[3], dtype=torch.int32)
+    k = torch.tensor(GOOD[4], dtype=torch.int32)
+    good = dict(num_computed_tokens=c, num_computed_tokens_cpu=c, checkpoint_offsets=k, checkpoint_offsets_cpu=k)
+    return {
+        "computed missing": ((q, q), dict(good, num_computed_tokens=None), "num_computed_tokens and"),
+        "computed host missing": ((q, q), dict(good, num_computed_tokens_cpu=None), "num_computed_tokens and"),
+        "computed too short": (
+            (q, q),
+            dict(good, num_computed_tokens_cpu=c[:2], num_computed_tokens=c[:2]),
+            r"num_computed_tokens_cpu has shape \(2,\)",
+        ),
+        "computed device copy too short": (
+            (q, q),
+            dict(good, num_computed_tokens=c[:2]),
+            "num_computed_tokens has shape",
+        ),
+        "computed negative": (
+            (q, q),
+            dict(good, num_computed_tokens_cpu=torch.tensor([4, -1, 3], dtype=torch.int32)),
+            r"num_computed_tokens_cpu\[1\]=-1",
+        ),
+        "computed float": (
+            (q, q),
+            dict(good, num_computed_tokens_cpu=c.float()),
+            "num_computed_tokens_cpu has dtype torch.float32",
+        ),
+        "computed past int32": (
+            (q, q),
+            dict(good, num_computed_tokens_cpu=torch.tensor([0, 2**31 - 5, 0], dtype=torch.int64)),
+            r"num_computed_tokens_cpu\[1\]=2147483643",
+        ),
+        "computed list": ((q, q), dict(good, num_computed_tokens_cpu=[4, 0, 33]), "num_computed_tokens_cpu is a list"),
+        "checkpoint beyond the new tokens": (
+            (q, q),
+            dict(good, checkpoint_offsets_cpu=torch.tensor([0, 40, 0], dtype=torch.int32)),
+            r"checkpoint_offsets_cpu\[1\]=40",
+        ),
+        "checkpoint negative": (
+            (q, q),
+            dict(good, checkpoint_offsets_cpu=torch.tensor([0, -3, 0], dtype=torch.int32)),
+            r"checkpoint_offsets_cpu\[1\]=-3",
+        ),
+        "decreasing offsets": (
+            (torch.tensor([0, 1, 40, 30], dtype=torch.int32),) * 2,
+            good,
+            "decreasing at index 3",
+        ),
+        "over the token capacity": (
+            (torch.tensor([0, 1, 40, MAX_TOKENS + 41], dtype=torch.int32),) * 2,
+            good,
+            "over the builder's capacity",
+        ),
+        "padded not a bool": ((q, q), dict(good, padded=1), "padded=1"),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_cases()))
+def test_bad_input_changes_nothing(case):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch")
+    qsl, first, n, computed, checkpoints = GOOD
+    before = build(builder, qsl, first, n, computed, checkpoints)
+    arena = builder.ring.arena.clone()
+    args, kwargs, message = bad_cases()[case]
+    with pytest.raises(ChunkMetaError, match=message):
+        builder.build(*args, first_seq=1, num_seqs=2, **kwargs)
+    assert builder.builds == 1 and before.is_live
+    assert torch.equal(builder.ring.arena, arena)
+    after = build(builder, qsl, first, n, computed, checkpoints)
+    assert after.generation == 2
+    assert_step_tables(after, builder, qsl, first, n, computed, checkpoints)
+
+
+def test_bad_specs():
+    with pytest.raises(ChunkMetaError, match="non-empty dict"):
+        StepTablesBuilder(4, 64, tables={}, device="cpu")
+    with pytest.raises(ChunkMetaError, match="must be a chunkmeta.tables spec"):
+        StepTablesBuilder(4, 64, tables={"fla": "fla"}, device="cpu")
+    with pytest.raises(ChunkMetaError, match="identifier"):
+        StepTablesBuilder(4, 64, tables={"_x": T.Fla()}, device="cpu")
+    with pytest.raises(ChunkMetaError, match="chunk_size=48"):
+        T.Mamba2(chunk_size=48)
+    with pytest.raises(ChunkMetaError, match="rows='decode'"):
+        T.Conv(rows="decode")
+    with pytest.raises(ChunkMetaError, match="block_m=3"):
+        T.Conv(block_m=3)
+    with pytest.raises(ChunkMetaError, match="offsets_dtype"):
+        T.Fla(offsets_dtype=torch.float32)
+    seven = {f"t{i}": T.Conv() for i in range(7)}
+    with pytest.raises(ChunkMetaError, match="7 kernel entries"):
+        StepTablesBuilder(4, 64, tables=seven, device="cpu")
+    with pytest.raises(ChunkMetaError, match="pad='sideways'"):
+        StepTablesBuilder(4, 64, tables={"fla": T.Fla()}, device="cpu", pad="sideways")
+
+
+def test_tables_by_name_and_frozen():
+    builder = StepTablesBuilder(4, 256, tables={"conv": T.Conv()}, device="cpu", backend="torch")
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    tables = builder.build(q, q)
+    assert tables.conv is tables["conv"] and tables.names == ("conv",)
+    with pytest.raises(ChunkMetaError, match="no table 'mamba2'.*made for \\('conv',\\)"):
+        tables["mamba2"]
+    with pytest.raises(AttributeError, match="no table 'fla'"):
+        tables.fla  # noqa: B018
+    with pytest.raises(AttributeError):
+        tables.conv.tot = 0
+    with pytest.raises(AttributeError):
+        tables.padded = True
+
+
+def test_ring_retires_old_steps():
+    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", ring_depth=2)
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    first = builder.build(q, q)
+    second = builder.build(q, q)
+    assert first.is_live and second.is_live and first.fla.is_live
+    third = builder.build(q, q)
+    assert not first.is_live and not first.fla.is_live and third.is_live
+    with pytest.raises(ChunkMetaError, match="retired"):
+        first.check_live()
+    third.retire()
+    assert not third.is_live and not second.is_live
+
+
+def test_counts_match_the_reference_counts():
+    """The host counts that size the tables agree with the reference on a larger random batch."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 300, size=MAX_SEQS)
+    qsl = [0, *np.cumsum(lengths).tolist()]
+    computed = rng.integers(0, 1000, size=MAX_SEQS).tolist()
+    checkpoints = [int(rng.integers(0, n + 1)) for n in lengths]
+    builder = builder_for("torch", "a")
+    tables = build(builder, qsl, 0, MAX_SEQS, computed, checkpoints)
+    assert_step_tables(tables, builder, qsl, 0, MAX_SEQS, computed, checkpoints)

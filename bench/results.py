@@ -56,6 +56,7 @@ KINDS = (
     "gpu_tests",
     "pytest_benchmark",
     "demo",
+    "step_tables",
 )
 RECORD_SUFFIX = ".runs.jsonl"
 

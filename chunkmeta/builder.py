@@ -423,6 +423,10 @@ class ChunkMetadataBuilder:
         self.c_build.add_layout(pad, dtype, fixed, candidates)
 
 
+# The one-shot's fills, compiled once per process: (chunk_size, lanes, indices dtype) -> TritonFill
+_ONE_SHOT_FILLS: dict[tuple, object] = {}
+
+
 def build_chunk_metadata(
     query_start_loc: torch.Tensor,
     query_start_loc_cpu,
@@ -431,9 +435,14 @@ def build_chunk_metadata(
     first_seq: int = 0,
     num_seqs: int | None = None,
     backend: str = "auto",
+    indices_dtype: torch.dtype = torch.int32,
 ) -> ChunkMetadata:
     """One-shot build into freshly allocated tensors (sized to this batch): no ring, always live.
 
+    One device allocation holds the three tables and one launch fills them, every entry
+    included (no memset); its kernel is compiled once per process per power-of-two bucket of
+    sequences. ``indices_dtype=torch.int64`` writes ``chunk_indices`` as int64 (the ROCm
+    Kimi-K3 helper's contract for int64 ``cu_seqlens``), outside FLA's int32 contract.
     For a step loop, keep a ``ChunkMetadataBuilder`` instead: it allocates once.
     """
     if not isinstance(query_start_loc, torch.Tensor):
@@ -441,15 +450,52 @@ def build_chunk_metadata(
     host = _plan.host_array(query_start_loc_cpu)
     _plan.check_device_tensor(query_start_loc, host.shape[0], None)
     _plan.check_chunk_size(chunk_size)
+    if indices_dtype not in _INT_DTYPES:
+        raise ChunkMetaError(f"indices_dtype={indices_dtype!r}: must be torch.int32 (FLA's) or torch.int64.")
+    device = query_start_loc.device
+    backend = resolve_backend(backend, device)
     # Validate against the widest sizes one build supports, then size the buffers to the batch.
     widest = _plan.Capacity(_plan.MAX_NUM_SEQS, _plan.INT32_MAX - chunk_size, _plan.INT32_MAX // chunk_size)
-    step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest)
-    builder = ChunkMetadataBuilder(
-        max(1, step.num_seqs),
-        max(1, step.num_tokens),
-        chunk_size=chunk_size,
-        device=query_start_loc.device,
-        backend=backend,
-        ring_depth=1,
+    step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest, _plan.host_address(host))
+    n, nt = step.num_seqs, step.num_chunks
+    # one allocation, in int64 words: chunk_offsets [N+1] | cu_seqlens int32 [N+1] | chunk_indices [NT, 2]
+    cu_words = -(-(n + 1) // 2)
+    index_words = nt if indices_dtype == torch.int32 else 2 * nt
+    allocate = torch.empty if backend == "triton" else torch.zeros  # the torch fill skips entry 0
+    words = allocate(n + 1 + cu_words + index_words, dtype=torch.int64, device=device)
+    offsets = words[: n + 1]
+    cu = words[n + 1 : n + 1 + cu_words].view(torch.int32)[: n + 1]
+    indices = words[n + 1 + cu_words :].view(indices_dtype).view(nt, 2)
+    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+    _plan.write_host_cu_seqlens(step, cu_cpu.numpy())
+    shape = _layout.exact(n, nt)
+    if backend == "torch":
+        fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, chunk_size, shape)
+    else:
+        key = (chunk_size, _plan.next_pow2(max(n, 16)), indices_dtype)
+        fill = _ONE_SHOT_FILLS.get(key)
+        if fill is None:
+            from chunkmeta.fill.triton_fill import TritonFill
+
+            fill = _ONE_SHOT_FILLS[key] = TritonFill(
+                chunk_size=chunk_size,
+                block_seqs=key[1],
+                padded=False,
+                params_on_device=False,
+                write_first=True,
+                indices_dtype=indices_dtype,
+            )
+        args = (step.first_seq, n, nt, n, 0)
+        if not fill.launch(
+            query_start_loc.dtype,
+            query_start_loc.data_ptr(),
+            query_start_loc.data_ptr(),  # params: unread (host params)
+            cu.data_ptr(),
+            indices.data_ptr(),
+            offsets.data_ptr(),
+            *args,
+        ):
+            fill(query_start_loc, query_start_loc, cu, indices, offsets, *args)
+    return ChunkMetadata(
+        cu, cu_cpu, indices, offsets, chunk_size, n, step.num_tokens, nt, step.max_seqlen, None, 0, None, 0
     )
-    return builder._build(query_start_loc, step, None)

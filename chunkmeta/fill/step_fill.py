@@ -245,6 +245,8 @@ def _entry(
             PADDED,
             PAD1,
             True,
+            False,
+            False,
         )
     else:
         _walk_entry(

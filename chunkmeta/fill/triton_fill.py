@@ -46,6 +46,8 @@ def chunk_metadata_kernel(
     PAD_CHUNK: tl.constexpr,
     PARAMS_ON_DEVICE: tl.constexpr,
     ROW_SEARCH: tl.constexpr,
+    WRITE_FIRST: tl.constexpr,
+    INDICES_64: tl.constexpr,
 ):
     """Chunk metadata of ``query_start_loc[first_seq : first_seq + num_seqs + 1]``.
 
@@ -97,6 +99,8 @@ def chunk_metadata_kernel(
         PADDED,
         PAD_CHUNK,
         ROW_SEARCH,
+        WRITE_FIRST,
+        INDICES_64,
     )
 
 
@@ -141,6 +145,8 @@ def fla_tables(
     PADDED: tl.constexpr,
     PAD_CHUNK: tl.constexpr,
     ROW_SEARCH: tl.constexpr,
+    WRITE_FIRST: tl.constexpr,
+    INDICES_64: tl.constexpr,
 ):
     """Program ``pid`` of ``num_programs``' share of FLA's three tables (``chunk_metadata_kernel``
     states the contract; ``chunkmeta.fill.step_fill`` runs it as one entry of a step's launch)."""
@@ -172,6 +178,10 @@ def fla_tables(
             tl.store(chunk_offsets + seqs_out, num_chunks.to(tl.int64))
     tl.store(cu_seqlens + 1 + seqs, seq_ends.to(tl.int32), mask=mine)
     tl.store(chunk_offsets + 1 + seqs, offset_ends.to(tl.int64), mask=mine)
+    if WRITE_FIRST:  # fresh (uninitialized) outputs: the one-shot allocates without a memset launch
+        if pid == 0:
+            tl.store(cu_seqlens, 0)
+            tl.store(chunk_offsets, 0)
 
     keys = tl.reshape(tl.where(real_seq, chunk_ends, 2147483647), [BLOCK_SEQS])
     if ROW_SEARCH:
@@ -187,7 +197,12 @@ def fla_tables(
         real_row = rows < num_chunks
         seq = tl.where(real_row, seq, pad_seq)
         chunk = tl.where(real_row, chunk, PAD_CHUNK)
-    store_pairs(chunk_indices, rows, seq, chunk, num_rows)
+    if INDICES_64:  # int64 [num_rows, 2] (the ROCm Kimi-K3 helper's dtype for int64 cu_seqlens)
+        wide = chunk_indices.to(tl.pointer_type(tl.int64)) + 2 * rows
+        tl.store(wide, seq.to(tl.int64), mask=rows < num_rows)
+        tl.store(wide + 1, chunk.to(tl.int64), mask=rows < num_rows)
+    else:
+        store_pairs(chunk_indices, rows, seq, chunk, num_rows)
 
 
 @triton.jit
@@ -295,6 +310,8 @@ class TritonFill:
         num_warps: int | None = None,
         scan_cols: int | None = None,
         row_search: bool = True,
+        write_first: bool = False,
+        indices_dtype: torch.dtype = torch.int32,
     ):
         self.block_seqs = next_pow2(max(block_seqs, 2))
         # The defaults are the fastest or tied shapes of the H200 kernel sweeps (bench/RESULTS.md,
@@ -317,6 +334,8 @@ class TritonFill:
             PAD_CHUNK=pad_chunk,  # padding rows' chunk (chunkmeta.layout); 0 unless "past_end"
             PARAMS_ON_DEVICE=params_on_device,
             ROW_SEARCH=row_search,  # False: bench/kernel_sweep.py's diagnostic (wrong rows)
+            WRITE_FIRST=write_first,  # entry 0 of cu_seqlens / chunk_offsets too (fresh outputs)
+            INDICES_64=indices_dtype == torch.int64,
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1

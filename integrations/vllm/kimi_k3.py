@@ -20,11 +20,17 @@ def prepare_chunk_metadata_device(
     ``chunk_size`` must be a power of two in [16, 4096] (FLA uses 64).
     """
     try:
-        metadata = build_chunk_metadata(cu_seqlens, cu_seqlens_cpu, chunk_size=chunk_size)
+        metadata = build_chunk_metadata(
+            cu_seqlens, cu_seqlens_cpu, chunk_size=chunk_size, indices_dtype=_indices_dtype(cu_seqlens)
+        )
     except ChunkMetaError as exc:
         # The core names its inputs query_start_loc(_cpu); here they are cu_seqlens(_cpu).
         raise ChunkMetaError(str(exc).replace("query_start_loc", "cu_seqlens")) from None
-    chunk_indices = metadata.chunk_indices
-    if chunk_indices.dtype != cu_seqlens.dtype:
-        chunk_indices = chunk_indices.to(cu_seqlens.dtype)
-    return chunk_indices, metadata.chunk_offsets
+    return metadata.chunk_indices, metadata.chunk_offsets
+
+
+def _indices_dtype(cu_seqlens) -> torch.dtype:
+    """``chunk_indices``' dtype: ``cu_seqlens``' (the fill writes it, so there is no cast per
+    call); int32 for anything else, which the core then refuses with its own message."""
+    dtype = getattr(cu_seqlens, "dtype", None)
+    return torch.int64 if dtype == torch.int64 else torch.int32

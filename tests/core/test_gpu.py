@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from checks import assert_exact, assert_padded, no_sync
+from checks import assert_exact, assert_padded, cuda_activity, no_sync
 from chunkmeta import (
     ChunkMetadataBuilder,
     ChunkMetaService,
@@ -101,29 +101,12 @@ def test_service_steps_do_not_sync():
     assert service.stats().builds == 200
 
 
-def _cuda_activity(fn):
-    """Kernels and memcpys/memsets the profiler sees on the device during fn()."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    kernels, copies = [], []
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = event.name.lower()
-        (copies if ("memcpy" in name or "memset" in name) else kernels).append(event.name)
-    return kernels, copies
-
-
 def test_one_launch_and_no_copies_per_build():
     builder = ChunkMetadataBuilder(256, 16384, device="cuda")
     b = random_batches(1, 256, 16384, seed=5)[0]
     qsl, qsl_cpu = cuda_inputs(b)
     builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)  # compile outside
-    kernels, copies = _cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
+    kernels, copies = cuda_activity(lambda: builder.build(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs))
     assert len(kernels) == 1 and "chunk_metadata_" in kernels[0], kernels
     assert copies == [], copies
     # the C build launches the CUDA C fill wherever NVRTC can compile it
@@ -132,13 +115,13 @@ def test_one_launch_and_no_copies_per_build():
     assert (expected == "cuda") == ("chunk_metadata_fill" in kernels[0]), kernels
     # padded layout: also one launch
     builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
-    kernels, copies = _cuda_activity(
+    kernels, copies = cuda_activity(
         lambda: builder.build_padded(qsl, qsl_cpu, first_seq=b.first_seq, num_seqs=b.num_seqs)
     )
     assert len(kernels) == 1 and copies == []
     # an empty prefill launches nothing at all
     empty = cuda_inputs(from_lengths([1, 1], first_seq=2))
-    kernels, copies = _cuda_activity(lambda: builder.build(*empty, first_seq=2))
+    kernels, copies = cuda_activity(lambda: builder.build(*empty, first_seq=2))
     assert kernels == [] and copies == []
 
 
@@ -184,7 +167,7 @@ def test_graph_replay_is_one_kernel_and_one_params_copy():
     b = random_batches(1, 64, 32768, seed=8)[0]
     h = torch.tensor(b.query_start_loc, dtype=torch.int32)
     static_qsl[: h.shape[0]].copy_(h.cuda())
-    kernels, copies = _cuda_activity(lambda: graph.replay(h, first_seq=b.first_seq, num_seqs=b.num_seqs))
+    kernels, copies = cuda_activity(lambda: graph.replay(h, first_seq=b.first_seq, num_seqs=b.num_seqs))
     assert len(kernels) == 1, kernels
     assert len(copies) == 1 and "htod" in copies[0].lower(), copies  # the 8-byte (first_seq, num_seqs)
 
@@ -253,7 +236,7 @@ def test_bounded_layout_on_cuda_does_not_sync(backend):
         assert md.bounded and md.chunk_indices.shape[0] == rows
         assert_padded(md, b, 64, b.num_seqs, rows, *layout.padding_row(pad, b.num_seqs))
     if backend == "triton":
-        kernels, copies = _cuda_activity(lambda: builder.build_bounded(qsl, max_num_tokens=bound))
+        kernels, copies = cuda_activity(lambda: builder.build_bounded(qsl, max_num_tokens=bound))
         assert len(kernels) == 1 and copies == [], (kernels, copies)
 
 

@@ -99,6 +99,23 @@ def tensors_for(batch: Batch, device="cpu", dtype=torch.int32):
     return qsl_cpu.to(device), qsl_cpu
 
 
+def cuda_activity(fn):
+    """Kernels and memcpys/memsets the profiler sees on the device during fn()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, copies = [], []
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        (copies if ("memcpy" in name or "memset" in name) else kernels).append(event.name)
+    return kernels, copies
+
+
 @contextlib.contextmanager
 def no_sync():
     """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""

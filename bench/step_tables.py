@@ -1,0 +1,198 @@
+"""A whole hybrid step's tables: chunkmeta's one launch against the engines' own functions (issue 18).
+
+    python bench/step_tables.py --out DIR [--rounds 30]
+
+Per workload (decodes + prefills, tokens; each request has a cached prefix) and method, methods
+interleaved round by round: host µs with the queue idle (single calls back to back) and busy
+(each call behind ~1 ms of queued GPU work: a sync shows as waiting), and device µs per call
+(``chunkmeta.timing.device_us_per_call``) for the methods that do not sync.
+
+chunkmeta (one ``StepTablesBuilder.build``, one launch each):
+
+* ``chunkmeta_kda_gdn``  FLA tables of the prefill slice and of the whole batch + conv1d blocks
+                         (what a Kimi-Linear / Qwen3-Next step's layers read);
+* ``chunkmeta_mamba2``   vLLM's Mamba2 SSD chunks + conv1d blocks of the prefill rows;
+* ``chunkmeta_oneshot``  ``build_chunk_metadata`` (fresh tensors, the FLA prefill tables).
+
+The engines' own functions, called from their packages where they import:
+
+* ``fla_host``      FLA's helpers on the host copy, then the copy to the device (vLLM's GDN default);
+* ``vllm_conv1d``   vLLM's ``compute_causal_conv1d_metadata`` on the rows the conv kernel gets;
+* ``vllm_mamba2``   vLLM's ``_compute_chunk_metadata`` and the three ``async_tensor_h2d`` of
+                    ``_build_chunk_metadata_tensors``;
+* ``rocm_style`` / ``floor``  the one-shot's comparisons (``bench/anchors.py``).
+
+Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``fla_host`` +
+``vllm_conv1d`` of the batch rows; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
+prefill rows); the ratios printed are engine / chunkmeta host time. Writes its record
+(``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import anchors
+import results as runs
+
+from chunkmeta import StepTablesBuilder, build_chunk_metadata, reference
+from chunkmeta import tables as T
+from chunkmeta.timing import busy_queue, device_us_per_call, host_us, median, percentile
+from chunkmeta.workloads import split_tokens
+
+# (decodes, prefills, prefill tokens): the seed's 4096-token chunks at 8-64 requests, and larger
+WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512, 512, 65536), (0, 1024, 65536)]
+MAMBA_CHUNK = 256
+
+
+def engine_methods():
+    """vLLM's own functions, or the reason they do not import here."""
+    try:
+        from vllm.utils.torch_utils import async_tensor_h2d
+        from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
+        from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not measured here
+        return None, f"{type(exc).__name__}: {exc}"
+
+    def conv1d(qsl_cpu):
+        return compute_causal_conv1d_metadata(qsl_cpu, device=torch.device("cuda"))
+
+    def mamba2(num_prefills, computed_cpu, qsl_cpu):
+        cu, seq_idx, last, _ = BaseMambaAttentionMetadataBuilder._compute_chunk_metadata(
+            MAMBA_CHUNK, num_prefills, computed_cpu, qsl_cpu
+        )
+        device = torch.device("cuda")
+        return (
+            async_tensor_h2d(cu, dtype=torch.int32, device=device),
+            async_tensor_h2d(seq_idx, dtype=torch.int32, device=device),
+            async_tensor_h2d(last, dtype=torch.int32, device=device),
+        )
+
+    return {"conv1d": conv1d, "mamba2": mamba2}, None
+
+
+def make_case(decodes, prefills, tokens, seed):
+    rng = np.random.default_rng(seed)
+    lengths = [1] * decodes + split_tokens(rng, prefills, tokens).tolist()
+    qsl_cpu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    computed_cpu = torch.tensor(
+        [int(rng.integers(1, 8192)) if i >= decodes else int(rng.integers(1, 4096)) for i in range(len(lengths))],
+        dtype=torch.int32,
+    )
+    return qsl_cpu, computed_cpu
+
+
+def measure(methods: dict, rounds: int) -> dict:
+    idle = {name: [] for name in methods}
+    busy = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, fn in methods.items():
+            idle[name].append(host_us(fn))
+        for name, fn in methods.items():
+            busy_queue(1000.0)
+            busy[name].append(host_us(fn))
+            torch.cuda.synchronize()
+    return {
+        name: {
+            "host_idle_us": median(idle[name]),
+            "host_idle_p99_us": percentile(idle[name], 99),
+            "host_busy_us": median(busy[name]),
+        }
+        for name in methods
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    engine, engine_error = engine_methods()
+    print("vLLM's own functions:", "imported" if engine else f"not importable here ({engine_error}); not measured")
+    max_seqs, max_tokens = 1024, 65536 + 1024
+    kda_gdn = StepTablesBuilder(
+        max_seqs,
+        max_tokens,
+        tables={"fla": T.Fla(64), "fla_batch": T.Fla(64, rows="batch"), "conv": T.Conv()},
+        device="cuda",
+    )
+    mamba2 = StepTablesBuilder(
+        max_seqs,
+        max_tokens,
+        tables={"mamba2": T.Mamba2(chunk_size=MAMBA_CHUNK), "conv": T.Conv(rows="prefill")},
+        device="cuda",
+    )
+    rows = []
+    for decodes, prefills, tokens in WORKLOADS:
+        qsl_cpu, computed_cpu = make_case(decodes, prefills, tokens, seed=decodes + prefills)
+        qsl, computed = qsl_cpu.cuda(), computed_cpu.cuda()
+        prefill_cpu = (qsl_cpu[decodes:] - qsl_cpu[decodes]).contiguous()
+        prefill = prefill_cpu.cuda()
+        fla_host, rocm_style, floor = anchors.fla_host(64), anchors.rocm_style(64), anchors.floor(64)
+        methods = {
+            "chunkmeta_kda_gdn": lambda: kda_gdn.build(qsl, qsl_cpu, first_seq=decodes),
+            "chunkmeta_mamba2": lambda: mamba2.build(
+                qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
+            ),
+            "chunkmeta_oneshot": lambda: build_chunk_metadata(prefill, prefill_cpu),
+            "fla_host": lambda: fla_host(prefill.detach(), prefill_cpu),
+            "rocm_style": lambda: rocm_style(prefill, prefill_cpu),
+            "floor": lambda: floor(prefill, prefill_cpu),
+        }
+        if engine:
+            computed_p = computed_cpu[decodes:].contiguous()
+            methods["vllm_conv1d_batch"] = lambda: engine["conv1d"](qsl_cpu)
+            methods["vllm_conv1d_prefill"] = lambda: engine["conv1d"](prefill_cpu)
+            methods["vllm_mamba2"] = lambda: engine["mamba2"](prefills, computed_p, prefill_cpu)
+        for fn in methods.values():  # compile, warm caches
+            fn()
+        torch.cuda.synchronize()
+        # exactness of what is timed (chunkmeta's tables against the reference)
+        step = kda_gdn.build(qsl, qsl_cpu, first_seq=decodes)
+        ref_conv = reference.causal_conv1d_metadata(qsl_cpu.tolist())
+        exact = step.conv.batch_ptr.cpu().tolist() == ref_conv.batch_ptr
+        ssd = mamba2.build(
+            qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
+        ).mamba2
+        ref_ssd = reference.mamba2_chunk_metadata(
+            qsl_cpu.tolist(), computed_cpu[decodes:].tolist(), MAMBA_CHUNK, decodes
+        )
+        exact &= ssd.cu_chunk_seqlens.cpu().tolist() == ref_ssd.cu_chunk_seqlens
+        figures = measure(methods, args.rounds)
+        for name in ("chunkmeta_kda_gdn", "chunkmeta_mamba2", "chunkmeta_oneshot", "rocm_style", "floor"):
+            figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)
+        row = {"decodes": decodes, "prefills": prefills, "tokens": tokens, "exact": exact, "methods": figures}
+        if engine:
+            kda_step = figures["fla_host"]["host_idle_us"] + figures["vllm_conv1d_batch"]["host_idle_us"]
+            ssd_step = figures["vllm_mamba2"]["host_idle_us"] + figures["vllm_conv1d_prefill"]["host_idle_us"]
+            row["vllm_kda_gdn_step_us"] = kda_step
+            row["vllm_mamba2_step_us"] = ssd_step
+            row["ratio_kda_gdn"] = kda_step / figures["chunkmeta_kda_gdn"]["host_idle_us"]
+            row["ratio_mamba2"] = ssd_step / figures["chunkmeta_mamba2"]["host_idle_us"]
+        rows.append(row)
+        line = ", ".join(
+            f"{name} {m['host_idle_us']:.1f}/{m['host_busy_us']:.1f}"
+            + (f" dev {m['device_us']:.2f}" if "device_us" in m else "")
+            for name, m in figures.items()
+        )
+        print(f"[{decodes} decodes + {prefills} prefills, {tokens} tokens] exact={exact}: {line}")
+        if engine:
+            print(
+                f"    vLLM step host µs: kda/gdn {row['vllm_kda_gdn_step_us']:.1f} ({row['ratio_kda_gdn']:.1f}x "
+                f"chunkmeta), mamba2 {row['vllm_mamba2_step_us']:.1f} ({row['ratio_mamba2']:.1f}x chunkmeta)"
+            )
+    figures = {"rounds": args.rounds, "engine_functions": engine is not None, "engine_error": engine_error}
+    figures["rows"] = rows
+    runs.save("step_tables", figures, script="bench/step_tables.py", argv=argv, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""Step tables and the one-shot on a GPU (``pytest -m gpu``; skipped elsewhere): exact on
+thousands of random steps per table set, zero syncs under ``set_sync_debug_mode("error")``, one
+kernel and no copies per build."""
+
+import numpy as np
+import pytest
+import torch
+
+from checks import assert_exact, assert_step_tables, cuda_activity, no_sync
+from chunkmeta import StepTablesBuilder, build_chunk_metadata, reference
+from chunkmeta import tables as T
+from chunkmeta.workloads import Batch
+
+pytestmark = pytest.mark.gpu
+
+# the table sets of the hybrid families (docs/design.md): Kimi-Linear / Qwen3-Next (FLA per
+# slice + conv), vLLM's Mamba2 family (SSD + conv of the prefill rows), SGLang's Mamba2
+TABLE_SETS = {
+    "kda_gdn": {"fla": T.Fla(64), "fla_batch": T.Fla(64, rows="batch"), "conv": T.Conv()},
+    "mamba2_vllm": {"mamba2": T.Mamba2(chunk_size=256, checkpoints=True), "conv": T.Conv(rows="prefill")},
+    "mamba2_sglang": {"sglang": T.SglangMamba2(chunk_size=64), "conv": T.Conv(rows="prefill", paired=True)},
+}
+MAX_SEQS, MAX_TOKENS = 256, 16384
+
+
+def random_step(rng, max_seqs=MAX_SEQS, max_tokens=MAX_TOKENS):
+    """A decode-first step: decodes, then prefills with lengths of every kind (0, 1, around
+    chunk multiples, long), computed tokens (0, chunk-aligned, any) and checkpoint offsets."""
+    decodes = int(rng.integers(0, max(1, max_seqs // 4)))
+    prefills = int(rng.integers(0, max_seqs - decodes + 1))
+    budget = max_tokens - decodes
+    kinds = rng.integers(0, 4, size=prefills)
+    lengths = np.where(
+        kinds == 0,
+        rng.integers(0, 2, size=prefills),
+        np.where(kinds == 1, 64 * rng.integers(1, 8, size=prefills) + rng.integers(-1, 2, size=prefills), 0),
+    )
+    lengths = np.where(kinds >= 2, rng.integers(0, max(1, 2 * budget // max(1, prefills)), size=prefills), lengths)
+    lengths = np.maximum(lengths, 0)
+    while lengths.sum() > budget:
+        lengths //= 2
+    all_lengths = [1] * decodes + lengths.tolist()
+    qsl = [0, *np.cumsum(all_lengths).tolist()]
+    rows = len(all_lengths)
+    computed = np.where(
+        rng.integers(0, 3, size=rows) == 0, 256 * rng.integers(0, 8, size=rows), rng.integers(0, 5000, size=rows)
+    )
+    computed = np.where(rng.integers(0, 4, size=rows) == 0, 0, computed).tolist()
+    checkpoints = [int(rng.integers(0, n + 1)) if n and rng.integers(0, 3) == 0 else 0 for n in all_lengths]
+    return qsl, decodes, prefills, computed, checkpoints
+
+
+def cuda_step(qsl, computed, checkpoints, dtype=torch.int32):
+    q = torch.tensor(qsl, dtype=dtype)
+    c = torch.tensor(computed, dtype=dtype)
+    k = torch.tensor(checkpoints, dtype=torch.int32)
+    return dict(
+        query_start_loc=q.cuda(),
+        query_start_loc_cpu=q,
+        num_computed_tokens=c.cuda(),
+        num_computed_tokens_cpu=c,
+        checkpoint_offsets=k.cuda(),
+        checkpoint_offsets_cpu=k,
+    )
+
+
+def build(builder, inputs, first, n, padded=False):
+    return builder.build(
+        inputs["query_start_loc"],
+        inputs["query_start_loc_cpu"],
+        first_seq=first,
+        num_seqs=n,
+        num_computed_tokens=inputs["num_computed_tokens"],
+        num_computed_tokens_cpu=inputs["num_computed_tokens_cpu"],
+        checkpoint_offsets=inputs["checkpoint_offsets"],
+        checkpoint_offsets_cpu=inputs["checkpoint_offsets_cpu"],
+        padded=padded,
+    )
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("table_set", list(TABLE_SETS))
+def test_thousands_of_random_steps(table_set, backend):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda", backend=backend)
+    rng = np.random.default_rng(hash(table_set) % 1000)
+    steps = 2000 if backend == "triton" else 200
+    for i in range(steps):
+        qsl, first, n, computed, checkpoints = random_step(rng)
+        inputs = cuda_step(qsl, computed, checkpoints, torch.int64 if i % 5 == 0 else torch.int32)
+        tables = build(builder, inputs, first, n, padded=i % 7 == 0)
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+
+
+def test_large_steps():
+    specs = {name: spec for tables in TABLE_SETS.values() for name, spec in tables.items() if name != "conv"}
+    specs["conv"] = T.Conv()
+    builder = StepTablesBuilder(4096, 1 << 20, tables=specs, device="cuda")
+    rng = np.random.default_rng(7)
+    for max_seqs, max_tokens in ((4096, 1 << 20), (1024, 65536), (1, 196608)):
+        qsl, first, n, computed, checkpoints = random_step(rng, max_seqs, max_tokens)
+        tables = build(builder, cuda_step(qsl, computed, checkpoints), first, n)
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+
+
+@pytest.mark.parametrize("table_set", list(TABLE_SETS))
+def test_builds_do_not_sync_and_are_one_kernel_no_copies(table_set):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda")
+    rng = np.random.default_rng(3)
+    steps = [random_step(rng) for _ in range(50)]
+    inputs = [cuda_step(qsl, c, k) for qsl, _, _, c, k in steps]
+    for padded in (False, True):  # compile outside
+        build(builder, inputs[0], steps[0][1], steps[0][2], padded)
+    results = []
+    with no_sync():
+        for i, (step, step_inputs) in enumerate(zip(steps, inputs, strict=True)):
+            results.append((step, build(builder, step_inputs, step[1], step[2], padded=i % 2 == 1)))
+            if len(results) == builder.ring.depth - 1:
+                break
+    for (qsl, first, n, computed, checkpoints), tables in results:
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    with no_sync():
+        for step, step_inputs in zip(steps, inputs, strict=True):
+            build(builder, step_inputs, step[1], step[2], padded=False)
+    qsl, first, n, _, _ = steps[1]
+    for padded in (False, True):
+        kernels, copies = cuda_activity(lambda padded=padded: build(builder, inputs[1], first, n, padded))
+        assert len(kernels) == 1 and "step_tables_kernel" in kernels[0], kernels
+        assert copies == [], copies
+
+
+def test_one_shot_exact_no_sync_one_kernel():
+    rng = np.random.default_rng(11)
+    steps = [random_step(rng) for _ in range(300)]
+    for qsl, first, _n, _, _ in steps[:5]:  # compile the buckets outside
+        build_chunk_metadata(torch.tensor(qsl, dtype=torch.int32).cuda(), torch.tensor(qsl), first_seq=first)
+    for i, (qsl, first, n, _, _) in enumerate(steps):
+        dtype = torch.int64 if i % 3 == 0 else torch.int32
+        q = torch.tensor(qsl, dtype=dtype)
+        md = build_chunk_metadata(q.cuda(), q, first_seq=first, num_seqs=n, indices_dtype=dtype)
+        if dtype == torch.int32:
+            assert_exact(md, Batch(qsl, first, n), 64)
+        else:
+            ref = reference.chunk_metadata(qsl, 64, first, n)
+            assert md.chunk_indices.dtype == torch.int64
+            assert [tuple(r) for r in md.chunk_indices.cpu().tolist()] == ref.chunk_indices
+            assert md.chunk_offsets.cpu().tolist() == ref.chunk_offsets
+    qsl, first, n, _, _ = steps[0]
+    q = torch.tensor(qsl, dtype=torch.int32)
+    qd = q.cuda()
+    build_chunk_metadata(qd, q, first_seq=first, num_seqs=n)
+    with no_sync():
+        for _ in range(20):
+            build_chunk_metadata(qd, q, first_seq=first, num_seqs=n)
+    kernels, copies = cuda_activity(lambda: build_chunk_metadata(qd, q, first_seq=first, num_seqs=n))
+    assert len(kernels) == 1 and copies == [], (kernels, copies)

@@ -1,0 +1,62 @@
+"""The one-shot build: one allocation, one launch writing every entry, a kernel per bucket of
+sequences compiled once per process (the Triton kernel under the interpreter on CPU)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from checks import assert_exact, tensors_for
+from chunkmeta import build_chunk_metadata, reference
+from chunkmeta import builder as builder_module
+from chunkmeta.fill.triton_fill import TritonFill
+from chunkmeta.workloads import from_lengths
+from strategies import CHUNK_SIZES, batches
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=CHUNK_SIZES.flatmap(lambda c: batches(c, max_requests=12).map(lambda b: (c, b))))
+def test_triton_one_shot_equals_reference(data):
+    chunk_size, batch = data
+    qsl, qsl_cpu = tensors_for(batch)
+    md = build_chunk_metadata(
+        qsl, qsl_cpu, chunk_size=chunk_size, first_seq=batch.first_seq, num_seqs=batch.num_seqs, backend="triton"
+    )
+    assert_exact(md, batch, chunk_size)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_int64_indices(backend):
+    batch = from_lengths([1, 0, 130, 64, 5])
+    qsl, qsl_cpu = tensors_for(batch, dtype=torch.int64)
+    md = build_chunk_metadata(qsl, qsl_cpu, chunk_size=64, backend=backend, indices_dtype=torch.int64)
+    ref = reference.chunk_metadata(batch.query_start_loc, 64)
+    assert md.chunk_indices.dtype == torch.int64 and md.chunk_indices.shape == (ref.num_chunks, 2)
+    assert [tuple(r) for r in md.chunk_indices.tolist()] == ref.chunk_indices
+    assert md.chunk_offsets.tolist() == ref.chunk_offsets and md.cu_seqlens.tolist() == ref.cu_seqlens
+
+
+def test_write_first_fills_fresh_memory():
+    """The one-shot allocates without zeroing: the fill itself writes entry 0."""
+    qsl = torch.tensor([0, 3, 100], dtype=torch.int32)
+    fill = TritonFill(chunk_size=64, block_seqs=16, padded=False, params_on_device=False, write_first=True)
+    cu = torch.full((3,), -7, dtype=torch.int32)
+    offsets = torch.full((3,), -7, dtype=torch.int64)
+    indices = torch.full((3, 2), -7, dtype=torch.int32)
+    fill(qsl, qsl, cu, indices, offsets, 0, 2, 3, 2, 0)
+    assert cu.tolist() == [0, 3, 100] and offsets.tolist() == [0, 1, 3]
+    assert indices.tolist() == [[0, 0], [1, 0], [1, 1]]
+
+
+def test_kernel_compiled_once_per_bucket():
+    builder_module._ONE_SHOT_FILLS.clear()
+    for lengths in ([5], [5, 6, 7], [1] * 16, [9] * 17, [3] * 30):
+        batch = from_lengths(lengths)
+        build_chunk_metadata(*tensors_for(batch), backend="triton")
+    # 1, 3 and 16 sequences share the 16-lane bucket, 17 and 30 the 32-lane one
+    assert sorted(key[1] for key in builder_module._ONE_SHOT_FILLS) == [16, 32]
+
+
+def test_bad_indices_dtype():
+    qsl, qsl_cpu = tensors_for(from_lengths([4]))
+    with pytest.raises(ValueError, match="indices_dtype=torch.float32"):
+        build_chunk_metadata(qsl, qsl_cpu, indices_dtype=torch.float32)

@@ -79,7 +79,7 @@ def engine_methods():
 
 def make_case(decodes, prefills, tokens, seed):
     rng = np.random.default_rng(seed)
-    lengths = [1] * decodes + split_tokens(rng, prefills, tokens).tolist()
+    lengths = [1] * decodes + [int(n) for n in split_tokens(rng, prefills, tokens)]
     qsl_cpu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
     computed_cpu = torch.tensor(
         [int(rng.integers(1, 8192)) if i >= decodes else int(rng.integers(1, 4096)) for i in range(len(lengths))],

@@ -73,6 +73,8 @@ class StepTablesBuilder:
             for name, spec in self.specs.items()
             if isinstance(spec, _tables.Fla)
         }
+        self._cu_cpu_np = {name: t.numpy() for name, t in self._cu_cpu.items()}
+        self._cu_cpu_views: dict[tuple, torch.Tensor] = {}
         self._dummy = torch.zeros(1, dtype=torch.int32, device=self.device)  # for unread pointer arguments
         self._fills: dict[bool, object] = {}
 
@@ -119,8 +121,10 @@ class StepTablesBuilder:
             checkpoints, checkpoints_dev = self._row_input(
                 "checkpoint_offsets", checkpoint_offsets, checkpoint_offsets_cpu, num_requests
             )
-        lengths = np.diff(step.segment).astype(np.int64)
         first, n = step.first_seq, step.num_seqs
+        # per-row lengths only where positions matter (Mamba2's chunks); entries from a row's
+        # own start are counted by the plan
+        lengths = np.diff(step.segment).astype(np.int64) if self.needs_computed else None
         if computed is not None:
             ends = computed[first : first + n].astype(np.int64) + lengths
             over = np.flatnonzero(ends > _plan.INT32_MAX)
@@ -140,7 +144,7 @@ class StepTablesBuilder:
                 )
         if not isinstance(padded, bool):
             raise ChunkMetaError(f"padded={padded!r}: must be a bool.")
-        counts = self._counts(step, batch, lengths, computed, checkpoints)
+        counts = self._counts(host, address, step, batch, lengths, computed, checkpoints)
         # validated: from here on nothing fails on bad input
         rows = self.layout.rows_pad if padded else counts
         slot, generation = self.ring.claim()
@@ -169,28 +173,31 @@ class StepTablesBuilder:
         _plan.check_row_tensor(name, device_tensor, num_requests, self.device)
         return values, device_tensor
 
-    def _counts(self, step, batch, lengths, computed, checkpoints) -> tuple[int, ...]:
-        """Rows of every kernel entry in the exact layout, from host data."""
+    def _counts(self, host, address, step, batch, lengths, computed, checkpoints) -> tuple[int, ...]:
+        """Rows of every kernel entry in the exact layout, from host data. Chunks cut from each
+        sequence's own start (FLA, conv) are counted by the plan (its compiled pass on large
+        batches); chunks cut on positions by numpy."""
         counts = []
+        capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
         for name, entry in zip(self.layout.owners, self.layout.entries, strict=True):
-            spec = self.specs[name]
             plan = batch if entry.slice == 1 else step
-            seg_lengths = lengths if entry.slice == 0 else np.diff(plan.segment).astype(np.int64)
-            first, n = plan.first_seq, plan.num_seqs
             if entry.kind == 5:
                 counts.append(plan.num_tokens)
                 continue
             if entry.base == 0:
-                positions = np.zeros_like(seg_lengths)
-            elif entry.base == 1:
+                counted = _plan.plan_step(host, plan.first_seq, plan.num_seqs, 1 << entry.shift, capacity, address)
+                counts.append(counted.num_chunks)
+                continue
+            first, n = plan.first_seq, plan.num_seqs
+            if entry.base == 1:
                 positions = (plan.segment[:-1] - plan.segment[0]).astype(np.int64)
             else:
                 positions = computed[first : first + n].astype(np.int64)
-            chunks = _plan.segment_counts(positions, seg_lengths, entry.shift)
-            if entry.kind == 3 and spec.checkpoints:
+            chunks = _plan.segment_counts(positions, lengths, entry.shift)
+            if entry.kind == 3 and self.specs[name].checkpoints:
                 k = checkpoints[first : first + n].astype(np.int64)
                 split = _plan.segment_counts(positions, k, entry.shift) + _plan.segment_counts(
-                    positions + k, seg_lengths - k, entry.shift
+                    positions + k, lengths - k, entry.shift
                 )
                 chunks = np.where(k > 0, split, chunks)
             counts.append(int(chunks.sum()))
@@ -221,6 +228,17 @@ class StepTablesBuilder:
         if not fill.launch(dtypes, pointers, ints):
             fill(query_start_loc, computed, checkpoints, self.ring.arena[slot], ints)
 
+    def _host_cu_seqlens(self, name: str, slot: int, count: int) -> torch.Tensor:
+        """A new object per build (FLA memoizes by identity: see ``chunkmeta.ring.Ring.views``)
+        of the cached host view."""
+        key = (name, slot, count)
+        view = self._cu_cpu_views.get(key)
+        if view is None:
+            if len(self._cu_cpu_views) >= 16384:
+                self._cu_cpu_views.clear()
+            view = self._cu_cpu_views[key] = self._cu_cpu[name][slot, :count]
+        return view.detach()
+
     def _results(self, slot, generation, step, batch, lengths, computed, checkpoints, counts, padded) -> StepTables:
         ring = self.ring
         out = {}
@@ -236,8 +254,8 @@ class StepTablesBuilder:
                     if padded
                     else _layout.exact(plan.num_seqs, nt)
                 )
-                cu_cpu = self._cu_cpu[name][slot, : shape.seqs_out + 1]
-                _plan.write_host_cu_seqlens(plan, cu_cpu.numpy())
+                cu_cpu = self._host_cu_seqlens(name, slot, shape.seqs_out + 1)
+                _plan.write_host_cu_seqlens(plan, self._cu_cpu_np[name][slot, : shape.seqs_out + 1])
                 out[name] = ChunkMetadata(
                     ring.view(slot, regions["cu_seqlens"].offset, shape.seqs_out + 1).detach(),
                     cu_cpu,
@@ -247,7 +265,7 @@ class StepTablesBuilder:
                     plan.num_seqs,
                     plan.num_tokens,
                     nt,
-                    int(np.diff(plan.segment).max(initial=0)),
+                    plan.max_seqlen,
                     self.pad if padded else None,
                     generation,
                     ring,

@@ -13,6 +13,7 @@ input (for the precise error) and machines without the C build.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -36,7 +37,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     """The fill a builder on ``device`` uses; ChunkMetaError for one that cannot run there."""
     if backend not in BACKENDS:
         raise ChunkMetaError(f"backend={backend!r}: must be one of {BACKENDS}.")
-    has_triton = importlib.util.find_spec("triton") is not None
+    has_triton = _has_triton()
     if backend == "auto":
         return "triton" if device.type == "cuda" and has_triton else "torch"
     if backend == "triton":
@@ -48,6 +49,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
                 "before triton is first imported, or use backend='torch' (the default on CPU)."
             )
     return backend
+
+
+@functools.cache
+def _has_triton() -> bool:
+    # find_spec searches sys.path (file system calls) until triton is imported: once per process
+    return importlib.util.find_spec("triton") is not None
 
 
 def _triton_interprets() -> bool:

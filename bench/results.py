@@ -765,6 +765,38 @@ STEP_COLUMNS = [
 ]
 
 
+def _render_step_tables(records: list[dict]) -> list[str]:
+    latest = _latest(records, "step_tables")
+    if latest is None:
+        return []
+    f = latest["figures"]
+    methods = list(f["rows"][0]["methods"])
+    out = [
+        "## A whole step's tables",
+        "",
+        "Host µs p50, queue idle / busy; device µs per call where the method does not sync; methods "
+        f"interleaved round by round, {f['rounds']} rounds (bench/step_tables.py says what each method is). "
+        + (
+            "vLLM's own functions were measured."
+            if f["engine_functions"]
+            else f"vLLM's own functions were not measured: {str(f['engine_error']).splitlines()[0][:120]}."
+        ),
+        "",
+    ] + _about(latest)
+    rows = []
+    for row in f["rows"]:
+        cells = []
+        for name in methods:
+            m = row["methods"][name]
+            cell = f"{m['host_idle_us']:.1f} / {m['host_busy_us']:.1f}"
+            if "device_us" in m:
+                cell += f" / {m['device_us']:.2f}"
+            cells.append(cell)
+        load = f"{row['decodes']} + {row['prefills']} x {row['tokens']}"
+        rows.append([load, *cells, "yes" if row["exact"] else "NO"])
+    return out + _table(["decodes + prefills x tokens", *methods, "exact"], rows)
+
+
 def _render_step_loop(records: list[dict]) -> list[str]:
     latest = _latest(records, "step_loop")
     if latest is None:
@@ -988,6 +1020,7 @@ def render(records: list[dict]) -> str:
         _render_diagnostics,
         _render_variants,
         _render_gpu_tests,
+        _render_step_tables,
         _render_step_loop,
         _render_stress,
         _render_pytest_benchmark,

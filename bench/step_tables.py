@@ -16,13 +16,14 @@ chunkmeta (one ``StepTablesBuilder.build``, one launch each):
 
 The engines' own functions, called from their packages where they import:
 
-* ``fla_host``      FLA's helpers on the host copy, then the copy to the device (vLLM's GDN default);
+* ``fla_host``      FLA's helpers on the host copy, then the copy to the device;
+* ``vllm_gdn_fla``  vLLM's ``GDNAttentionMetadataBuilder._build_chunk_metadata`` (triton prefill backend);
 * ``vllm_conv1d``   vLLM's ``compute_causal_conv1d_metadata`` on the rows the conv kernel gets;
 * ``vllm_mamba2``   vLLM's ``_compute_chunk_metadata`` and the three ``async_tensor_h2d`` of
                     ``_build_chunk_metadata_tensors``;
 * ``rocm_style`` / ``floor``  the one-shot's comparisons (``bench/anchors.py``).
 
-Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``fla_host`` +
+Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``vllm_gdn_fla`` +
 ``vllm_conv1d`` of the batch rows; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
 prefill rows); the ratios printed are engine / chunkmeta host time. Writes its record
 (``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
@@ -54,11 +55,25 @@ MAMBA_CHUNK = 256
 def engine_methods():
     """vLLM's own functions, or the reason they do not import here."""
     try:
+        import importlib.util
+
+        # a .py-only vLLM carried to a GPU machine needs its bootstrap first (it stands in for
+        # the compiled module vLLM's CUDA platform imports); an installed vLLM needs nothing
+        if importlib.util.find_spec("vllm_bootstrap") is not None:
+            import vllm_bootstrap  # noqa: F401
+        from types import SimpleNamespace
+
         from vllm.utils.torch_utils import async_tensor_h2d
+        from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
         from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
         from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
     except Exception as exc:  # noqa: BLE001 - any import failure means: not measured here
         return None, f"{type(exc).__name__}: {exc}"
+
+    gdn_self = SimpleNamespace(gdn_prefill_backend="triton")  # the attribute the method reads
+
+    def gdn_fla(qsl, qsl_cpu):
+        return GDNAttentionMetadataBuilder._build_chunk_metadata(gdn_self, qsl, qsl_cpu, torch.device("cuda"))
 
     def conv1d(qsl_cpu):
         return compute_causal_conv1d_metadata(qsl_cpu, device=torch.device("cuda"))
@@ -74,7 +89,7 @@ def engine_methods():
             async_tensor_h2d(last, dtype=torch.int32, device=device),
         )
 
-    return {"conv1d": conv1d, "mamba2": mamba2}, None
+    return {"gdn_fla": gdn_fla, "conv1d": conv1d, "mamba2": mamba2}, None
 
 
 def make_case(decodes, prefills, tokens, seed):
@@ -148,6 +163,7 @@ def main(argv: list[str]) -> int:
         }
         if engine:
             computed_p = computed_cpu[decodes:].contiguous()
+            methods["vllm_gdn_fla"] = lambda: engine["gdn_fla"](prefill.detach(), prefill_cpu)
             methods["vllm_conv1d_batch"] = lambda: engine["conv1d"](qsl_cpu)
             methods["vllm_conv1d_prefill"] = lambda: engine["conv1d"](prefill_cpu)
             methods["vllm_mamba2"] = lambda: engine["mamba2"](prefills, computed_p, prefill_cpu)
@@ -170,7 +186,7 @@ def main(argv: list[str]) -> int:
             figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)
         row = {"decodes": decodes, "prefills": prefills, "tokens": tokens, "exact": exact, "methods": figures}
         if engine:
-            kda_step = figures["fla_host"]["host_idle_us"] + figures["vllm_conv1d_batch"]["host_idle_us"]
+            kda_step = figures["vllm_gdn_fla"]["host_idle_us"] + figures["vllm_conv1d_batch"]["host_idle_us"]
             ssd_step = figures["vllm_mamba2"]["host_idle_us"] + figures["vllm_conv1d_prefill"]["host_idle_us"]
             row["vllm_kda_gdn_step_us"] = kda_step
             row["vllm_mamba2_step_us"] = ssd_step

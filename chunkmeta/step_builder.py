@@ -11,10 +11,13 @@ wanted) and gets one frozen ``StepTables``. A build reads as the FLA builder's
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from chunkmeta import layout as _layout
+from chunkmeta import native
 from chunkmeta import plan as _plan
 from chunkmeta import tables as _tables
 from chunkmeta.builder import resolve_backend, resolve_device
@@ -24,6 +27,7 @@ from chunkmeta.metadata import ChunkMetadata, ConvBlocks, Mamba2Chunks, SglangMa
 from chunkmeta.ring import TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
+_INT_DTYPES = (torch.int32, torch.int64)
 
 
 class StepTablesBuilder:
@@ -77,10 +81,28 @@ class StepTablesBuilder:
         self._cu_cpu_views: dict[tuple, torch.Tensor] = {}
         self._dummy = torch.zeros(1, dtype=torch.int32, device=self.device)  # for unread pointer arguments
         self._fills: dict[bool, object] = {}
+        self._device_index = self.device.index if self.device.type == "cuda" else -1
+        self._native = native.module()
+        # (padded, input dtypes) -> (steps capsule, whether it launches), or False: no C build
+        self._steps: dict[tuple, object] = {}
+        self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
+        # per table: (name, spec, its first entry's index, its regions' offsets in order)
+        self._result_plan = []
+        for name, spec in self.specs.items():
+            index = self.layout.owners.index(name)
+            offsets = tuple(region.offset for region in self.layout.regions[name].values())
+            self._result_plan.append((name, spec, index, offsets))
 
     @property
     def builds(self) -> int:
         return self.ring.generation
+
+    @property
+    def c_build(self) -> dict[tuple, str | None]:
+        """What the C build does per ``(padded, input dtypes)`` after that layout's first build:
+        ``"launch"`` (the host side and the launch, one C call), ``"host"`` (the host side; the fill
+        launches from Python), or None (the general path)."""
+        return {key: (("launch" if made[1] else "host") if made else None) for key, made in self._steps.items()}
 
     # -- build ------------------------------------------------------------------------------
 
@@ -105,6 +127,20 @@ class StepTablesBuilder:
         ``SglangMamba2``. ``checkpoint_offsets`` / ``_cpu``: per request, a checkpoint that many
         tokens into its new ones (0 = none), for ``Mamba2(checkpoints=True)``. ``padded``:
         capacity-shaped tables (``StepTables.padded``)."""
+        if padded is True or padded is False:
+            made = self._build_c(
+                query_start_loc,
+                query_start_loc_cpu,
+                first_seq,
+                num_seqs,
+                num_computed_tokens,
+                num_computed_tokens_cpu,
+                checkpoint_offsets,
+                checkpoint_offsets_cpu,
+                padded,
+            )
+            if made is not None:
+                return made
         host = _plan.host_array(query_start_loc_cpu)
         _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
         num_requests = host.shape[0] - 1
@@ -145,15 +181,142 @@ class StepTablesBuilder:
         if not isinstance(padded, bool):
             raise ChunkMetaError(f"padded={padded!r}: must be a bool.")
         counts = self._counts(host, address, step, batch, lengths, computed, checkpoints)
+        facts = StepFacts(
+            first,
+            n,
+            step.num_tokens,
+            step.max_seqlen,
+            num_requests,
+            batch.num_tokens if batch else 0,
+            batch.max_seqlen if batch else 0,
+            computed is not None and bool((computed[first : first + n] > 0).any()),
+            checkpoints is not None and bool((checkpoints[first : first + n] > 0).any()),
+        )
         # validated: from here on nothing fails on bad input
         rows = self.layout.rows_pad if padded else counts
         slot, generation = self.ring.claim()
-        self._launch(
-            query_start_loc, computed_dev, checkpoints_dev, slot, step, batch or step, num_requests, rows, padded
+        self._launch(query_start_loc, computed_dev, checkpoints_dev, slot, facts, rows, padded)
+        for name, spec in self.specs.items():
+            if isinstance(spec, _tables.Fla):
+                plan = batch if spec.rows == "batch" else step
+                seqs_out = _layout.padded_num_seqs(self.pad, self.capacity.seqs) if padded else plan.num_seqs
+                _plan.write_host_cu_seqlens(plan, self._cu_cpu_np[name][slot, : seqs_out + 1])
+        result = self._results(slot, generation, facts, counts, padded)
+        self.ring.publish(slot, generation)
+        key = (padded, query_start_loc.dtype, computed_dev.dtype, checkpoints_dev.dtype)
+        if key not in self._steps:
+            self._make_steps(key)
+        return result
+
+    # -- the C build ---------------------------------------------------------------------------
+
+    def _build_c(self, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu, checkpoints, checkpoints_cpu, padded):
+        """The whole host side in one C call (``chunkmeta.native``: checks, counts, host copies,
+        the launch) on tensors that pass a few attribute checks; None where the general path
+        must run (it then raises the precise error, or builds)."""
+        host = _host_tensor(qsl_cpu)
+        if host is None or not self._device_tensor(qsl, host[1]):
+            return None
+        num_requests = host[1] - 1
+        computed_host = checkpoints_host = (0, 0, False)
+        computed_dev = checkpoints_dev = self._dummy
+        if self.needs_computed:
+            computed_host = _host_tensor(computed_cpu, 0)
+            if (
+                computed_host is None
+                or computed_host[1] != num_requests
+                or not self._device_tensor(computed, num_requests)
+            ):
+                return None
+            computed_dev = computed
+        if self.needs_checkpoints:
+            checkpoints_host = _host_tensor(checkpoints_cpu, 0)
+            if (
+                checkpoints_host is None
+                or checkpoints_host[1] != num_requests
+                or not self._device_tensor(checkpoints, num_requests)
+            ):
+                return None
+            checkpoints_dev = checkpoints
+        key = (padded, qsl.dtype, computed_dev.dtype, checkpoints_dev.dtype)
+        steps = self._steps.get(key)
+        if not steps:
+            return None
+        capsule, launches = steps
+        if launches and torch._C._cuda_getDevice() != self._device_index:
+            return None
+        slot, generation = self.ring.claim()
+        stream = torch._C._cuda_getCurrentRawStream(self._device_index) if launches else 0
+        out = self._native.step(
+            capsule,
+            host[0],
+            host[1],
+            host[2],
+            first_seq,
+            num_seqs,
+            computed_host[0],
+            computed_host[2],
+            checkpoints_host[0],
+            checkpoints_host[2],
+            qsl.data_ptr(),
+            computed_dev.data_ptr(),
+            checkpoints_dev.data_ptr(),
+            slot,
+            stream,
         )
-        result = self._results(slot, generation, step, batch, lengths, computed, checkpoints, counts, padded)
+        if type(out) is int:
+            if out > 0:  # a CUresult: this layout's C launch is off from now on
+                self._steps[key] = False
+            return None
+        counts, facts = out
+        facts = StepFacts(*facts)
+        if not launches:
+            rows = self.layout.rows_pad if padded else counts
+            self._launch(qsl, computed_dev, checkpoints_dev, slot, facts, rows, padded)
+        result = self._results(slot, generation, facts, counts, padded)
         self.ring.publish(slot, generation)
         return result
+
+    def _device_tensor(self, tensor, length: int) -> bool:
+        return (
+            type(tensor) is torch.Tensor
+            and tensor.device == self.device
+            and tensor.dtype in _INT_DTYPES
+            and tensor.dim() == 1
+            and tensor.shape[0] == length
+            and tensor.stride(0) == 1
+        )
+
+    def _make_steps(self, key) -> None:
+        """The C build's constants for a layout and input dtypes, after its first build (which
+        compiled the kernel): launching the kernel itself where the driver and the kernel allow,
+        else the host side only (the fill then launches from Python)."""
+        if self._native is None:
+            self._steps[key] = False
+            return
+        padded = key[0]
+        function, num_warps, shared, block_rows = 0, 1, 0, 1
+        fill = self._fills.get(padded)
+        if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:
+            kernel = fill.plain_kernel(key[1:])
+            if kernel is not None:
+                function, num_warps, shared = kernel
+                block_rows = fill.block_rows
+        entries = [
+            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
+            for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
+        ]
+        cu_hosts = [
+            [self._cu_cpu[name][k].data_ptr() if e.kind == 1 else 0 for k in range(self.ring.depth)]
+            for name, e in zip(self.layout.owners, self.layout.entries, strict=True)
+        ]
+        arenas = [self.ring.pointer(k) for k in range(self.ring.depth)]
+        args = (block_rows, num_warps, shared, self.capacity.seqs, self.capacity.tokens, int(padded), entries, arenas)
+        made = self._native.make_steps(function, *args, cu_hosts)
+        launches = made is not None and function != 0
+        if made is None and function:  # a kernel whose parameters the C build does not pack
+            made = self._native.make_steps(0, *args, cu_hosts)
+        self._steps[key] = (made, launches) if made is not None else False
 
     # -- plan --------------------------------------------------------------------------------
 
@@ -205,10 +368,10 @@ class StepTablesBuilder:
 
     # -- launch, results -------------------------------------------------------------------------
 
-    def _launch(self, query_start_loc, computed, checkpoints, slot, step, batch, num_requests, rows, padded) -> None:
+    def _launch(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
         if self.backend == "torch":
             for entry, num_rows in zip(self.layout.entries, rows, strict=True):
-                first, n = (step.first_seq, step.num_seqs) if entry.slice == 0 else (0, num_requests)
+                first, n = (facts.first_seq, facts.num_seqs) if entry.slice == 0 else (0, facts.batch_seqs)
                 regions = tuple(
                     self.ring.region(slot, off) if off or i == 0 else None
                     for i, off in enumerate((entry.off0, entry.off1, entry.off2, entry.off3))
@@ -222,7 +385,7 @@ class StepTablesBuilder:
             fill = self._fills[padded] = StepFill(
                 entries=self.layout.entries, block_seqs=self.capacity.seqs, padded=padded
             )
-        ints = (step.first_seq, step.num_seqs, num_requests, *rows, *([0] * (_MAX_ENTRIES - len(rows))))
+        ints = (facts.first_seq, facts.num_seqs, facts.batch_seqs, *rows, *([0] * (_MAX_ENTRIES - len(rows))))
         dtypes = (query_start_loc.dtype, computed.dtype, checkpoints.dtype)
         pointers = (query_start_loc.data_ptr(), computed.data_ptr(), checkpoints.data_ptr(), self.ring.pointer(slot))
         if not fill.launch(dtypes, pointers, ints):
@@ -239,91 +402,106 @@ class StepTablesBuilder:
             view = self._cu_cpu_views[key] = self._cu_cpu[name][slot, :count]
         return view.detach()
 
-    def _results(self, slot, generation, step, batch, lengths, computed, checkpoints, counts, padded) -> StepTables:
+    def _results(self, slot, generation, facts: StepFacts, counts, padded: bool) -> StepTables:
+        """The step's objects over slot ``slot``'s cached views (host copies already written)."""
         ring = self.ring
+        view = ring.view
+        cap_seqs = self.capacity.seqs
         out = {}
-        entry_counts = dict(zip(range(len(counts)), counts, strict=True))
-        index = 0
-        for name, spec in self.specs.items():
-            regions = self.layout.regions[name]
-            if isinstance(spec, _tables.Fla):
-                plan = batch if spec.rows == "batch" else step
+        for name, spec, index, offsets in self._result_plan:
+            rows_pad = self.layout.rows_pad[index]
+            if type(spec) is _tables.Fla:
+                whole = spec.rows == "batch"
+                n = facts.batch_seqs if whole else facts.num_seqs
                 nt = counts[index]
-                shape = (
-                    _layout.padded(self.pad, self.capacity.seqs, self.layout.rows_pad[index])
-                    if padded
-                    else _layout.exact(plan.num_seqs, nt)
-                )
-                cu_cpu = self._host_cu_seqlens(name, slot, shape.seqs_out + 1)
-                _plan.write_host_cu_seqlens(plan, self._cu_cpu_np[name][slot, : shape.seqs_out + 1])
+                seqs_out = self._fla_seqs_pad if padded else n
+                rows = rows_pad if padded else nt
                 out[name] = ChunkMetadata(
-                    ring.view(slot, regions["cu_seqlens"].offset, shape.seqs_out + 1).detach(),
-                    cu_cpu,
-                    ring.view(slot, regions["chunk_indices"].offset, shape.rows_out, pairs=True),
-                    ring.view(slot, regions["chunk_offsets"].offset, shape.seqs_out + 1),
+                    view(slot, offsets[0], seqs_out + 1).detach(),
+                    self._host_cu_seqlens(name, slot, seqs_out + 1),
+                    view(slot, offsets[1], rows, True),
+                    view(slot, offsets[2], seqs_out + 1),
                     spec.chunk_size,
-                    plan.num_seqs,
-                    plan.num_tokens,
+                    n,
+                    facts.batch_tokens if whole else facts.num_tokens,
                     nt,
-                    plan.max_seqlen,
+                    facts.batch_max_seqlen if whole else facts.max_seqlen,
                     self.pad if padded else None,
                     generation,
                     ring,
                     slot,
                 )
-                index += 1
-            elif isinstance(spec, _tables.Conv):
-                plan = batch if spec.rows == "batch" else step
-                tot = entry_counts[index]
-                rows = self.layout.rows_pad[index] if padded else tot
+            elif type(spec) is _tables.Conv:
+                tot = counts[index]
+                rows = rows_pad if padded else tot
+                n = facts.batch_seqs if spec.rows == "batch" else facts.num_seqs
                 if spec.paired:
-                    pair = ring.view(slot, regions["block_table"].offset, rows, pairs=True)
-                    out[name] = ConvBlocks(None, None, pair, tot, spec.block_m, plan.num_seqs)
+                    out[name] = ConvBlocks(None, None, view(slot, offsets[0], rows, True), tot, spec.block_m, n)
                 else:
                     out[name] = ConvBlocks(
-                        ring.view(slot, regions["batch_ptr"].offset, rows),
-                        ring.view(slot, regions["token_chunk_offset_ptr"].offset, rows),
-                        None,
-                        tot,
-                        spec.block_m,
-                        plan.num_seqs,
+                        view(slot, offsets[0], rows), view(slot, offsets[1], rows), None, tot, spec.block_m, n
                     )
-                index += 1
-            elif isinstance(spec, _tables.Mamba2):
-                n = step.num_seqs
-                nchunks = entry_counts[index]
-                rows = self.layout.rows_pad[index] if padded else nchunks
-                seqs = self.capacity.seqs if padded else n
-                first = step.first_seq
-                has_checkpoint = checkpoints is not None and bool((checkpoints[first : first + n] > 0).any())
+            elif type(spec) is _tables.Mamba2:
+                nchunks = counts[index]
+                rows = rows_pad if padded else nchunks
+                seqs = cap_seqs if padded else facts.num_seqs
                 out[name] = Mamba2Chunks(
-                    ring.view(slot, regions["cu_chunk_seqlens"].offset, rows + 1),
-                    ring.view(slot, regions["seq_idx"].offset, rows),
-                    ring.view(slot, regions["last_chunk_indices"].offset, seqs),
-                    ring.view(slot, regions["checkpoint_chunk_idx"].offset, seqs) if has_checkpoint else None,
+                    view(slot, offsets[0], rows + 1),
+                    view(slot, offsets[1], rows),
+                    view(slot, offsets[2], seqs),
+                    view(slot, offsets[3], seqs) if spec.checkpoints and facts.any_checkpoint else None,
                     spec.chunk_size,
                     nchunks,
-                    n,
-                    bool((computed[first : first + n] > 0).any()),
+                    facts.num_seqs,
+                    facts.prep_initial_states,
                 )
-                index += 1
             else:
-                n = step.num_seqs
-                tokens = self.layout.rows_pad[index] if padded else step.num_tokens
-                logical = entry_counts[index + 1]
+                tokens = rows_pad if padded else facts.num_tokens
+                logical = counts[index + 1]
                 rows = self.layout.rows_pad[index + 1] if padded else logical
-                seqs = self.capacity.seqs if padded else n
-                first = step.first_seq
+                seqs = cap_seqs if padded else facts.num_seqs
                 out[name] = SglangMamba2Chunks(
-                    ring.view(slot, regions["seq_idx"].offset, tokens).view(1, tokens),
-                    ring.view(slot, regions["chunk_indices"].offset, rows),
-                    ring.view(slot, regions["chunk_offsets"].offset, rows),
-                    ring.view(slot, regions["has_initial_states"].offset, seqs),
+                    view(slot, offsets[0], tokens).view(1, tokens),
+                    view(slot, offsets[1], rows),
+                    view(slot, offsets[2], rows),
+                    view(slot, offsets[3], seqs),
                     spec.chunk_size,
                     logical,
-                    n,
-                    step.num_tokens,
-                    bool((computed[first : first + n] > 0).any()),
+                    facts.num_seqs,
+                    facts.num_tokens,
+                    facts.prep_initial_states,
                 )
-                index += 2
         return StepTables(out, padded, generation, ring, slot)
+
+
+class StepFacts(NamedTuple):
+    """Host facts of one step build, from the plan (Python or C)."""
+
+    first_seq: int
+    num_seqs: int
+    num_tokens: int
+    max_seqlen: int
+    batch_seqs: int
+    batch_tokens: int
+    batch_max_seqlen: int
+    prep_initial_states: bool
+    any_checkpoint: bool
+
+
+_NOTHING = torch.zeros(1, dtype=torch.int64)  # an address for a per-row array of no rows
+
+
+def _host_tensor(tensor, min_len: int = 1):
+    """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor, else None
+    (the general path then checks it). An empty one gets an address the C build never reads."""
+    if (
+        type(tensor) is torch.Tensor
+        and tensor.is_cpu
+        and tensor.dtype in _INT_DTYPES
+        and tensor.dim() == 1
+        and tensor.shape[0] >= min_len
+        and tensor.stride(0) == 1
+        and tensor.layout is torch.strided
+    ):
+        return tensor.data_ptr() or _NOTHING.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
+    return None

@@ -406,11 +406,262 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   return md;
 }
 
+
+/* ---- a step build: every table's sizes and checks, host copies and one launch ----------- */
+/* The host side of chunkmeta.step_builder.StepTablesBuilder.build for accepted tensors. A steps
+   capsule (make_steps) holds what never changes: the kernel (step_tables_kernel, or 0: the host
+   side only, as CPU builds use it), its launch shape, each slot's arena and host cu_seqlens
+   buffers, and the entries (kind, shift, slice, base, flag, rows_pad, seqs_pad). */
+#define MAX_ENTRIES 6
+#define STEP_ARGS 13 /* qsl, computed, checkpoints, arena (8 B); 9 int32 scalars */
+enum { FLA = 1, CONV = 2, MAMBA2 = 3, LOGICAL = 4, TOKENS = 5 };
+
+typedef struct {
+  void *function;
+  unsigned block_rows, threads, shared;
+  int trailing, slots, entries, padded;
+  int64_t cap_seqs, cap_tokens;
+  int kind[MAX_ENTRIES], shift[MAX_ENTRIES], slice[MAX_ENTRIES], base[MAX_ENTRIES], flag[MAX_ENTRIES];
+  int64_t rows_pad[MAX_ENTRIES], seqs_pad[MAX_ENTRIES];
+  uint64_t arena[MAX_SLOTS];
+  int32_t *cu_host[MAX_ENTRIES][MAX_SLOTS]; /* FLA entries: the slot's host cu_seqlens */
+} Steps;
+
+static void free_steps(PyObject *capsule) { PyMem_Free(PyCapsule_GetPointer(capsule, "chunkmeta.steps")); }
+
+/* Chunks of a segment of len tokens at position pos (chunkmeta.fill.step_fill.segment_chunks). */
+static int64_t segment_chunks(int64_t pos, int64_t len, int shift) {
+  if (len > 0) return ((pos + len - 1) >> shift) - (pos >> shift) + 1;
+  return (pos & ((1LL << shift) - 1)) != 0;
+}
+
+/* make_steps(function, block_rows, num_warps, shared, cap_seqs, cap_tokens, padded, entries,
+              arenas, cu_hosts) -> capsule, or None if the kernel's parameters are not the layout
+   packed here. entries: (kind, shift, slice, base, flag, rows_pad, seqs_pad) tuples; arenas: a
+   slot's arena address each; cu_hosts: per entry, a host address per slot (0 for non-FLA). */
+static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long long a[7];
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "make_steps takes 10 arguments");
+    return NULL;
+  }
+  if (int_args(args, 7, 7, a)) return NULL;
+  void *function = (void *)(uintptr_t)a[0];
+  if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
+  int trailing = 0;
+  for (size_t i = 0; function; i++) {
+    size_t offset = 0, size = 0;
+    if (param_info(function, i, &offset, &size) != 0) {
+      if (i < STEP_ARGS) Py_RETURN_NONE;
+      break;
+    }
+    size_t want = i < 4 ? 8 : (i < STEP_ARGS ? 4 : 8);
+    if (size != want) Py_RETURN_NONE;
+    if (i >= STEP_ARGS && ++trailing > MAX_TRAILING) Py_RETURN_NONE;
+  }
+  Steps *st = PyMem_Calloc(1, sizeof(Steps));
+  if (!st) return PyErr_NoMemory();
+  st->function = function;
+  st->block_rows = (unsigned)(a[1] > 0 ? a[1] : 1);
+  st->threads = 32u * (unsigned)(a[2] > 0 ? a[2] : 1);
+  st->shared = (unsigned)a[3];
+  st->cap_seqs = a[4];
+  st->cap_tokens = a[5];
+  st->padded = (int)a[6];
+  st->trailing = trailing;
+  PyObject *entries = PySequence_Fast(args[7], "entries"), *arenas = PySequence_Fast(args[8], "arenas"),
+           *hosts = PySequence_Fast(args[9], "cu_hosts");
+  int ok = entries && arenas && hosts;
+  if (ok) {
+    st->entries = (int)PySequence_Fast_GET_SIZE(entries);
+    st->slots = (int)PySequence_Fast_GET_SIZE(arenas);
+    ok = st->entries >= 1 && st->entries <= MAX_ENTRIES && st->slots >= 1 && st->slots <= MAX_SLOTS &&
+         PySequence_Fast_GET_SIZE(hosts) == st->entries;
+  }
+  for (int j = 0; ok && j < st->entries; j++) {
+    long long e[7];
+    PyObject *item = PySequence_Fast(PySequence_Fast_GET_ITEM(entries, j), "entry");
+    ok = item && PySequence_Fast_GET_SIZE(item) == 7 && !int_args(PySequence_Fast_ITEMS(item), 7, 7, e);
+    Py_XDECREF(item);
+    if (!ok) break;
+    st->kind[j] = (int)e[0], st->shift[j] = (int)e[1], st->slice[j] = (int)e[2], st->base[j] = (int)e[3];
+    st->flag[j] = (int)e[4], st->rows_pad[j] = e[5], st->seqs_pad[j] = e[6];
+    ok = st->shift[j] >= 0 && st->shift[j] <= 31;
+    PyObject *per_slot = ok ? PySequence_Fast(PySequence_Fast_GET_ITEM(hosts, j), "cu_host") : NULL;
+    ok = per_slot && PySequence_Fast_GET_SIZE(per_slot) == st->slots;
+    for (int k = 0; ok && k < st->slots; k++) {
+      long long address;
+      ok = !int_args(PySequence_Fast_ITEMS(per_slot) + k, 1, 1, &address);
+      st->cu_host[j][k] = (int32_t *)(uintptr_t)address;
+    }
+    Py_XDECREF(per_slot);
+  }
+  for (int k = 0; ok && k < st->slots; k++) {
+    long long address;
+    ok = !int_args(PySequence_Fast_ITEMS(arenas) + k, 1, 1, &address);
+    st->arena[k] = (uint64_t)address;
+  }
+  Py_XDECREF(entries);
+  Py_XDECREF(arenas);
+  Py_XDECREF(hosts);
+  if (!ok) {
+    PyMem_Free(st);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_steps: bad entries, arenas or cu_hosts");
+    return NULL;
+  }
+  PyObject *capsule = PyCapsule_New(st, "chunkmeta.steps", free_steps);
+  if (!capsule) PyMem_Free(st);
+  return capsule;
+}
+
+/* step(steps, host, host_len, is64, first_seq, num_seqs, computed, computed_is64, checkpoints,
+        checkpoints_is64, qsl_dev, computed_dev, checkpoints_dev, slot, stream)
+   -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)),
+   or an int: -1 for input the general path must check (nothing written or launched), or the
+   CUresult of a failed launch. computed / checkpoints: host addresses of R entries, 0 when no
+   entry reads them. Validates exactly what the Python plan does; host copies are written only
+   after the launch succeeded. */
+static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 15) {
+    PyErr_SetString(PyExc_TypeError, "step takes 15 arguments");
+    return NULL;
+  }
+  Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
+  if (!st) return NULL;
+  if (!PyLong_CheckExact(args[4]) || !(args[5] == Py_None || PyLong_CheckExact(args[5]))) return PyLong_FromLong(-1);
+  long long a[3], c[4], d[5];
+  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, c) || int_args(args + 10, 5, 5, d)) return NULL;
+  int overflow = 0;
+  long long first = PyLong_AsLongLongAndOverflow(args[4], &overflow), n = -1;
+  if (!overflow && args[5] != Py_None) n = PyLong_AsLongLongAndOverflow(args[5], &overflow);
+  if (overflow || (args[5] != Py_None && n < 0)) return PyLong_FromLong(-1);
+  const char *host = (const char *)(uintptr_t)a[0];
+  int is64 = (int)a[2];
+  int64_t requests = a[1] - 1, slot = d[3];
+  if (n < 0) n = requests - first;
+  if (requests < 0 || first < 0 || first > requests || n > st->cap_seqs || first + n > requests || slot < 0 ||
+      slot >= st->slots)
+    return PyLong_FromLong(-1);
+  int needs_batch = 0;
+  for (int j = 0; j < st->entries; j++) needs_batch |= st->slice[j] == 1;
+  if (needs_batch && requests > st->cap_seqs) return PyLong_FromLong(-1);
+  /* the slices: offsets >= 0, non-decreasing, within the token capacity */
+  const void *q = host + first * (is64 ? 8 : 4);
+  int64_t start = load(q, is64, 0), end = load(q, is64, n);
+  if (start < 0 || end < start || end - start > st->cap_tokens) return PyLong_FromLong(-1);
+  Plan slice = plan_any(q, is64, n, 4);
+  if (slice.bad) return PyLong_FromLong(-1);
+  Plan batch = {0, 0, 0};
+  int64_t batch_start = 0, batch_end = 0;
+  if (needs_batch) {
+    batch_start = load(host, is64, 0), batch_end = load(host, is64, requests);
+    if (batch_start < 0 || batch_end < batch_start || batch_end - batch_start > st->cap_tokens)
+      return PyLong_FromLong(-1);
+    batch = plan_any(host, is64, requests, 4);
+    if (batch.bad) return PyLong_FromLong(-1);
+  }
+  /* per-row inputs of the slice: computed >= 0 with c + len <= INT32_MAX, 0 <= checkpoint <= len
+     (every request's entry is >= 0: the Python plan checks the whole array) */
+  const char *computed = (const char *)(uintptr_t)c[0], *checkpoints = (const char *)(uintptr_t)c[2];
+  int prep = 0, any_checkpoint = 0;
+  for (int64_t i = 0; computed && i < requests; i++) {
+    int64_t value = load(computed, (int)c[1], i);
+    if (value < 0) return PyLong_FromLong(-1);
+    if (i >= first && i < first + n) {
+      if (value + (load(q, is64, i - first + 1) - load(q, is64, i - first)) > 2147483647LL) return PyLong_FromLong(-1);
+      prep |= value > 0;
+    }
+  }
+  for (int64_t i = 0; checkpoints && i < requests; i++) {
+    int64_t value = load(checkpoints, (int)c[3], i);
+    if (value < 0) return PyLong_FromLong(-1);
+    if (i >= first && i < first + n) {
+      if (value > load(q, is64, i - first + 1) - load(q, is64, i - first)) return PyLong_FromLong(-1);
+      any_checkpoint |= value > 0;
+    }
+  }
+  /* the rows of every entry */
+  int64_t rows[MAX_ENTRIES] = {0}, counts[MAX_ENTRIES] = {0};
+  for (int j = 0; j < st->entries; j++) {
+    int whole = st->slice[j] == 1;
+    const void *sq = whole ? (const void *)host : q;
+    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
+    if (st->kind[j] == TOKENS) {
+      counts[j] = whole ? batch_end - batch_start : end - start;
+    } else if (st->base[j] == 0) {
+      counts[j] = plan_any(sq, is64, sn, st->shift[j]).chunks;
+    } else {
+      const char *rows_computed = computed ? computed + (whole ? 0 : first) * (c[1] ? 8 : 4) : NULL;
+      const char *rows_checkpoints = checkpoints ? checkpoints + (whole ? 0 : first) * (c[3] ? 8 : 4) : NULL;
+      int split = st->kind[j] == MAMBA2 && st->flag[j] && rows_checkpoints;
+      if (st->base[j] == 2 && !rows_computed) return PyLong_FromLong(-1);
+      int64_t total = 0;
+      for (int64_t i = 0; i < sn; i++) {
+        int64_t lo = load(sq, is64, i), len = load(sq, is64, i + 1) - lo;
+        int64_t pos = st->base[j] == 1 ? lo - s0 : load(rows_computed, (int)c[1], i);
+        int64_t k = split ? load(rows_checkpoints, (int)c[3], i) : 0;
+        total += k > 0 ? segment_chunks(pos, k, st->shift[j]) + segment_chunks(pos + k, len - k, st->shift[j])
+                       : segment_chunks(pos, len, st->shift[j]);
+      }
+      counts[j] = total;
+    }
+    rows[j] = st->padded ? st->rows_pad[j] : counts[j];
+  }
+  /* the launch: entries' program ranges as the kernel computes them */
+  if (st->function) {
+    uint64_t ptrs[4] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], st->arena[slot]};
+    int32_t scalars[9] = {(int32_t)first, (int32_t)n, (int32_t)requests, 0, 0, 0, 0, 0, 0};
+    unsigned grid = 0;
+    for (int j = 0; j < st->entries; j++) {
+      scalars[3 + j] = (int32_t)rows[j];
+      int64_t programs = (rows[j] + st->block_rows - 1) / st->block_rows;
+      grid += (unsigned)(programs > 0 ? programs : 1);
+    }
+    uint64_t scratch[MAX_TRAILING] = {0};
+    void *params[STEP_ARGS + MAX_TRAILING];
+    for (int i = 0; i < 4; i++) params[i] = &ptrs[i];
+    for (int i = 0; i < 9; i++) params[4 + i] = &scalars[i];
+    for (int i = 0; i < st->trailing; i++) params[STEP_ARGS + i] = &scratch[i];
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = launch_kernel(st->function, grid, 1, 1, st->threads, 1, 1, st->shared, (void *)(uintptr_t)d[4], params,
+                        NULL);
+    Py_END_ALLOW_THREADS
+    if (err) return PyLong_FromLong(err);
+  }
+  /* host cu_seqlens of the FLA entries: the slice rebased to 0, then zero-length tails */
+  for (int j = 0; j < st->entries; j++) {
+    int32_t *out = st->kind[j] == FLA ? st->cu_host[j][slot] : NULL;
+    if (!out) continue;
+    int whole = st->slice[j] == 1;
+    const void *sq = whole ? (const void *)host : q;
+    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start, tokens = (whole ? batch_end : end) - s0;
+    int64_t seqs_out = st->padded ? st->seqs_pad[j] : sn;
+    for (int64_t i = 0; i <= sn; i++) out[i] = (int32_t)(load(sq, is64, i) - s0);
+    for (int64_t i = sn + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
+  }
+  PyObject *count_tuple = PyTuple_New(st->entries);
+  if (!count_tuple) return NULL;
+  for (int j = 0; j < st->entries; j++) {
+    PyObject *value = PyLong_FromLongLong(counts[j]);
+    if (!value) {
+      Py_DECREF(count_tuple);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(count_tuple, j, value);
+  }
+  return Py_BuildValue("(N(LLLLLLLii))", count_tuple, (long long)first, (long long)n, (long long)(end - start), (long long)slice.longest,
+                       (long long)requests, (long long)(batch_end - batch_start),
+                       (long long)batch.longest, prep, any_checkpoint);
+}
+
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_FASTCALL, "the host plan of a prefill slice"},
     {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
     {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
+    {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
+    {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},
     {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,
      "the class build() returns"},
     {NULL, NULL, 0, NULL}};

@@ -24,6 +24,7 @@ from chunkmeta.fill.triton_fill import (
     _fast_launch_enabled,
     find_rows,
     fla_tables,
+    plain_launch,
     scan_counts,
     seq_lanes,
     store_pairs,
@@ -405,6 +406,12 @@ class StepFill:
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1
         self._launchers = {}  # input dtypes -> (callable, function, fixed leading arguments)
+        self._kernels = {}  # input dtypes -> compiled kernel
+
+    def plain_kernel(self, dtypes):
+        """``(function handle, num_warps, shared bytes)`` for ``chunkmeta.native``'s step build
+        (``chunkmeta.fill.triton_fill.plain_launch``), or None."""
+        return plain_launch(self._kernels.get(dtypes))
 
     def grid(self, rows: tuple[int, ...]) -> int:
         return sum(max(1, -(-r // self.block_rows)) for r in rows)
@@ -454,6 +461,7 @@ class StepFill:
                 **self.constexprs,
             )
         if dtypes not in self._launchers and query_start_loc.is_cuda and _fast_launch_enabled():
+            self._kernels[dtypes] = kernel
             launcher = _direct_launcher(kernel)
             if launcher is not None:
                 self._launchers[dtypes] = launcher

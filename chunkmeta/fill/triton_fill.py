@@ -441,22 +441,27 @@ class TritonFill:
 
     def plain_kernel(self, dtype: torch.dtype):
         """``(function handle, num_warps, shared bytes)`` of the compiled kernel for ``dtype`` when
-        a plain ``cuLaunchKernel`` launches it as Triton would (one CTA per program, no
-        cooperative/PDL launch, no scratch buffers); else None."""
-        kernel = self._kernels.get(dtype)
-        if kernel is None:
-            return None
-        meta = kernel.metadata
-        plain = (
-            getattr(meta, "num_ctas", 1) == 1
-            and not getattr(meta, "launch_cooperative_grid", False)
-            and not getattr(meta, "launch_pdl", False)
-            and getattr(meta, "global_scratch_size", 0) == 0
-            and getattr(meta, "profile_scratch_size", 0) == 0
-            and _needs_no_scratch(getattr(kernel, "run", None))
-            and getattr(kernel, "function", None)
-        )
-        return (kernel.function, meta.num_warps, meta.shared) if plain else None
+        a plain ``cuLaunchKernel`` launches it as Triton would (``plain_launch``); else None."""
+        return plain_launch(self._kernels.get(dtype))
+
+
+def plain_launch(kernel):
+    """``(function handle, num_warps, shared bytes)`` of a compiled Triton kernel when a plain
+    ``cuLaunchKernel`` launches it as Triton would (one CTA per program, no cooperative/PDL
+    launch, no scratch buffers); else None."""
+    if kernel is None:
+        return None
+    meta = kernel.metadata
+    plain = (
+        getattr(meta, "num_ctas", 1) == 1
+        and not getattr(meta, "launch_cooperative_grid", False)
+        and not getattr(meta, "launch_pdl", False)
+        and getattr(meta, "global_scratch_size", 0) == 0
+        and getattr(meta, "profile_scratch_size", 0) == 0
+        and _needs_no_scratch(getattr(kernel, "run", None))
+        and getattr(kernel, "function", None)
+    )
+    return (kernel.function, meta.num_warps, meta.shared) if plain else None
 
 
 def _needs_no_scratch(run) -> bool:

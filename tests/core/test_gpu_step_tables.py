@@ -121,6 +121,8 @@ def test_builds_do_not_sync_and_are_one_kernel_no_copies(table_set):
     with no_sync():
         for step, step_inputs in zip(steps, inputs, strict=True):
             build(builder, step_inputs, step[1], step[2], padded=False)
+    # every layout's host side and launch run in one C call (chunkmeta.native)
+    assert set(builder.c_build.values()) == {"launch"}, builder.c_build
     qsl, first, n, _, _ = steps[1]
     for padded in (False, True):
         kernels, copies = cuda_activity(lambda padded=padded: build(builder, inputs[1], first, n, padded))

@@ -257,3 +257,59 @@ def test_counts_match_the_reference_counts():
     builder = builder_for("torch", "a")
     tables = build(builder, qsl, 0, MAX_SEQS, computed, checkpoints)
     assert_step_tables(tables, builder, qsl, 0, MAX_SEQS, computed, checkpoints)
+
+
+def python_only(builder):
+    """The same builder's general path: no C build."""
+    builder._native = None
+    builder._steps.clear()
+    return builder
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=steps(), padded=st.booleans(), damage=st.sampled_from([None, "computed", "checkpoint", "offsets"]))
+def test_c_build_agrees_with_python(step, padded, damage):
+    """The C build (chunkmeta.native: checks, counts, host copies) gives the Python path's tables,
+    and refuses exactly what it refuses."""
+    qsl, first, n, computed, checkpoints = step
+    if damage == "computed" and computed:
+        computed = [*computed[:-1], -1]
+    elif damage == "checkpoint" and n:
+        checkpoints = list(checkpoints)
+        checkpoints[first] = qsl[first + 1] - qsl[first] + 1
+    elif damage == "offsets" and len(qsl) > 2:
+        qsl = [*qsl[:-1], qsl[-2] - 1]
+    c_builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch")
+    py_builder = python_only(StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch"))
+    good = ([0, 3, 70], 0, 2, [5, 0], [0, 2])
+    build(c_builder, *good[:3], *good[3:], padded)  # makes the C build of this layout
+    assert set(c_builder.c_build.values()) == {"host"}  # CPU: the host side in C, the torch fill
+    c_builder._native = spy = StepSpy(c_builder._native)
+    errors = []
+    for builder in (c_builder, py_builder):
+        try:
+            result = build(builder, qsl, first, n, computed, checkpoints, padded)
+            errors.append(None)
+        except ChunkMetaError as exc:
+            errors.append(str(exc))
+            continue
+        assert_step_tables(result, builder, qsl, first, n, computed, checkpoints)
+    assert errors[0] == errors[1]
+    # a valid step is built by the C build; a bad one is refused there and diagnosed in Python
+    assert spy.took == [errors[0] is None]
+
+
+class StepSpy:
+    """The native module, recording whether each step() call built the step."""
+
+    def __init__(self, module):
+        self.module = module
+        self.took = []
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def step(self, *args):
+        out = self.module.step(*args)
+        self.took.append(type(out) is not int)
+        return out

@@ -2,7 +2,7 @@
 
 One small CPython extension, ``chunkmeta/csrc/host_build.c``, compiled on first use by
 ``chunkmeta.jit`` with the machine's C compiler (the one Triton needs anyway for its launchers)
-and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Two jobs:
+and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Three jobs:
 
 * ``plan(address, n, is64, shift)``: one pass over a prefill slice of the host
   ``query_start_loc`` -> ``(bad_index, num_chunks, max_seqlen)``; ``bad_index`` is 0, or the
@@ -14,6 +14,10 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Two job
   checks its input tensors and records the ring generation. A fill (``make_fill``) holds what
   never changes between builds: the kernel handle, its launch shape, the ring's pointers and the
   layout's padding.
+* ``step(steps, ...)``: the same for ``chunkmeta.StepTablesBuilder``: every check, each kernel
+  entry's rows, the host ``cu_seqlens`` copies and the launch of the step kernel (``make_steps``
+  holds its constants; with no kernel it does the host side alone, as CPU builds use it). It
+  returns the counts and host facts; the builder makes the result objects.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as

@@ -86,12 +86,16 @@ class StepTablesBuilder:
         # (padded, input dtypes) -> (steps capsule, whether it launches), or False: no C build
         self._steps: dict[tuple, object] = {}
         self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
-        # per table: (name, spec, its first entry's index, its regions' offsets in order)
+        # per table: (name, kind, spec, its first entry's index, its regions' offsets in order,
+        # that entry's padded rows)
         self._result_plan = []
         for name, spec in self.specs.items():
             index = self.layout.owners.index(name)
             offsets = tuple(region.offset for region in self.layout.regions[name].values())
-            self._result_plan.append((name, spec, index, offsets))
+            kind = (_tables.Fla, _tables.Conv, _tables.Mamba2, _tables.SglangMamba2).index(type(spec)) + 1
+            self._result_plan.append((name, kind, spec, index, offsets, self.layout.rows_pad[index]))
+        self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its _host_tensor, query_start_loc)
+        self._new_metadata = ChunkMetadata if self._native is None else self._native.metadata
 
     @property
     def builds(self) -> int:
@@ -214,9 +218,21 @@ class StepTablesBuilder:
         """The whole host side in one C call (``chunkmeta.native``: checks, counts, host copies,
         the launch) on tensors that pass a few attribute checks; None where the general path
         must run (it then raises the precise error, or builds)."""
-        host = _host_tensor(qsl_cpu)
-        if host is None or not self._device_tensor(qsl, host[1]):
-            return None
+        # engines often pass the same tensors every step: checked once, then by identity (address
+        # and length too: storage swapped or resized in place keeps the object)
+        last = self._last_inputs
+        if (
+            qsl_cpu is last[0]
+            and qsl is last[2]
+            and qsl_cpu.data_ptr() == last[1][0]
+            and qsl_cpu.shape[0] == last[1][1] == qsl.shape[0]
+        ):
+            host = last[1]
+        else:
+            host = _host_tensor(qsl_cpu)
+            if host is None or not self._device_tensor(qsl, host[1]):
+                return None
+            self._last_inputs = (qsl_cpu, host, qsl)
         num_requests = host[1] - 1
         computed_host = checkpoints_host = (0, 0, False)
         computed_dev = checkpoints_dev = self._dummy
@@ -403,35 +419,37 @@ class StepTablesBuilder:
         return view.detach()
 
     def _results(self, slot, generation, facts: StepFacts, counts, padded: bool) -> StepTables:
-        """The step's objects over slot ``slot``'s cached views (host copies already written)."""
+        """The step's objects over slot ``slot``'s cached views (host copies already written).
+        FLA tables are made by the C build's unchecked constructor where it is loaded: their
+        values are this builder's own views and validated sizes."""
         ring = self.ring
         view = ring.view
-        cap_seqs = self.capacity.seqs
+        new_metadata = self._new_metadata
         out = {}
-        for name, spec, index, offsets in self._result_plan:
-            rows_pad = self.layout.rows_pad[index]
-            if type(spec) is _tables.Fla:
-                whole = spec.rows == "batch"
-                n = facts.batch_seqs if whole else facts.num_seqs
+        for name, kind, spec, index, offsets, rows_pad in self._result_plan:
+            if kind == 1:  # Fla
+                if spec.rows == "batch":
+                    n, tokens, longest = facts.batch_seqs, facts.batch_tokens, facts.batch_max_seqlen
+                else:
+                    n, tokens, longest = facts.num_seqs, facts.num_tokens, facts.max_seqlen
                 nt = counts[index]
-                seqs_out = self._fla_seqs_pad if padded else n
-                rows = rows_pad if padded else nt
-                out[name] = ChunkMetadata(
-                    view(slot, offsets[0], seqs_out + 1).detach(),
-                    self._host_cu_seqlens(name, slot, seqs_out + 1),
-                    view(slot, offsets[1], rows, True),
-                    view(slot, offsets[2], seqs_out + 1),
+                seqs = (self._fla_seqs_pad if padded else n) + 1
+                out[name] = new_metadata(
+                    view(slot, offsets[0], seqs).detach(),
+                    self._host_cu_seqlens(name, slot, seqs),
+                    view(slot, offsets[1], rows_pad if padded else nt, True),
+                    view(slot, offsets[2], seqs),
                     spec.chunk_size,
                     n,
-                    facts.batch_tokens if whole else facts.num_tokens,
+                    tokens,
                     nt,
-                    facts.batch_max_seqlen if whole else facts.max_seqlen,
+                    longest,
                     self.pad if padded else None,
                     generation,
                     ring,
                     slot,
                 )
-            elif type(spec) is _tables.Conv:
+            elif kind == 2:  # Conv
                 tot = counts[index]
                 rows = rows_pad if padded else tot
                 n = facts.batch_seqs if spec.rows == "batch" else facts.num_seqs
@@ -441,10 +459,10 @@ class StepTablesBuilder:
                     out[name] = ConvBlocks(
                         view(slot, offsets[0], rows), view(slot, offsets[1], rows), None, tot, spec.block_m, n
                     )
-            elif type(spec) is _tables.Mamba2:
+            elif kind == 3:  # Mamba2
                 nchunks = counts[index]
                 rows = rows_pad if padded else nchunks
-                seqs = cap_seqs if padded else facts.num_seqs
+                seqs = self.capacity.seqs if padded else facts.num_seqs
                 out[name] = Mamba2Chunks(
                     view(slot, offsets[0], rows + 1),
                     view(slot, offsets[1], rows),
@@ -455,11 +473,11 @@ class StepTablesBuilder:
                     facts.num_seqs,
                     facts.prep_initial_states,
                 )
-            else:
+            else:  # SglangMamba2: a token entry, then the logical chunks
                 tokens = rows_pad if padded else facts.num_tokens
                 logical = counts[index + 1]
                 rows = self.layout.rows_pad[index + 1] if padded else logical
-                seqs = cap_seqs if padded else facts.num_seqs
+                seqs = self.capacity.seqs if padded else facts.num_seqs
                 out[name] = SglangMamba2Chunks(
                     view(slot, offsets[0], tokens).view(1, tokens),
                     view(slot, offsets[1], rows),

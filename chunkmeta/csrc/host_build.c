@@ -270,6 +270,16 @@ static PyObject *new_metadata(PyObject *const *values) {
   return md;
 }
 
+/* metadata(*fields) -> a ChunkMetadata from its 13 field values, in attrs order, without the
+   constructor's checks: for builders whose values are their own views and validated sizes. */
+static PyObject *py_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (!metadata_type || nargs != NUM_FIELDS) {
+    PyErr_SetString(PyExc_TypeError, "metadata takes the 13 fields (after set_metadata_class)");
+    return NULL;
+  }
+  return new_metadata(args);
+}
+
 /* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
    chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
    (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu); row_cache: (slot, rows_out)
@@ -661,6 +671,7 @@ static PyMethodDef methods[] = {
     {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
     {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
+    {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},
     {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,

@@ -313,3 +313,21 @@ class StepSpy:
         out = self.module.step(*args)
         self.took.append(type(out) is not int)
         return out
+
+
+def test_same_tensor_changed_in_place_is_checked_again():
+    """The identity cache of the inputs: a tensor given new storage (and length) in place is
+    checked again, not trusted."""
+    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", backend="torch")
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    for _ in range(3):
+        builder.build(q, q)
+    q.set_(torch.tensor([0, 3, 20, 100], dtype=torch.int32))  # longer
+    tables = builder.build(q, q)
+    assert tables.fla.cu_seqlens.tolist() == [0, 3, 20, 100] and tables.conv.tot == 1 + 3 + 10
+    q.set_(torch.tensor([0, 5], dtype=torch.int32))
+    tables = builder.build(q, q)
+    assert tables.fla.cu_seqlens.tolist() == [0, 5] and tables.conv.tot == 1
+    q.set_(torch.tensor([0, 5, 2], dtype=torch.int32))
+    with pytest.raises(ChunkMetaError, match="decreasing"):
+        builder.build(q, q)

@@ -43,7 +43,13 @@ def main():
     print("one-shot fast launchers:", list(oneshot._launchers))
     ints = (32, 32, 64, 300, 300, 2000, 0, 0, 0)
     dtypes = (torch.int32, torch.int32, torch.int32)
-    pointers = (qsl.data_ptr(), builder._dummy.data_ptr(), builder._dummy.data_ptr(), builder.ring.pointer(0))
+    pointers = (
+        qsl.data_ptr(),
+        builder._dummy.data_ptr(),
+        builder._dummy.data_ptr(),
+        builder.ring.pointer(0),
+        qsl.data_ptr(),
+    )
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
         "step launch alone": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),

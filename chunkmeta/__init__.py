@@ -9,7 +9,7 @@ from chunkmeta import reference, tables
 from chunkmeta.batch import StepBatch
 from chunkmeta.builder import ChunkMetadataBuilder, build_chunk_metadata
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.graph import GraphBuild
+from chunkmeta.graph import GraphBuild, StepGraphBuild
 from chunkmeta.metadata import ChunkMetadata, ConvBlocks, Mamba2Chunks, SglangMamba2Chunks, StepTables
 from chunkmeta.plan import verify_host_copy
 from chunkmeta.service import ChunkMetaService, ServiceStats
@@ -21,6 +21,7 @@ __all__ = [
     "ChunkMetaError",
     "ChunkMetaService",
     "GraphBuild",
+    "StepGraphBuild",
     "ServiceStats",
     "StepBatch",
     "ChunkMetadata",

@@ -31,12 +31,98 @@ from chunkmeta import layout as _layout
 from chunkmeta import plan as _plan
 from chunkmeta.builder import ChunkMetadataBuilder, resolve_backend
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.metadata import ChunkMetadata, StepTables
+from chunkmeta.step_builder import StepFacts, plain_host_tensor
 
 _EVENT_EVERY = 32  # staging slots per CUDA event
 
 
-class GraphBuild:
+class ParamsStaging:
+    """A step's int32 params at a fixed device address (``params``), refreshed by ``stage()``
+    with one non-blocking copy from pinned host memory through ``depth`` staging slots, so a
+    copy still queued behind the GPU never sees its source overwritten; a CUDA event recorded
+    once per ``_EVENT_EVERY`` steps tells when a block of slots is free again (the host waits,
+    counted in ``waits``, only if it runs more than ``depth`` steps ahead of the GPU)."""
+
+    def __init__(self, width: int, device: torch.device, depth: int = 1024):
+        if depth % _EVENT_EVERY or depth < 2 * _EVENT_EVERY:
+            raise ChunkMetaError(
+                f"staging_depth={depth}: must be a multiple of {_EVENT_EVERY}, at least {2 * _EVENT_EVERY}."
+            )
+        on_cuda = device.type == "cuda"
+        self.params = torch.zeros(width, dtype=torch.int32, device=device)
+        self._staging = torch.zeros(depth, width, dtype=torch.int32, pin_memory=on_cuda)
+        self._staging_np = self._staging.numpy()
+        # one event per block of _EVENT_EVERY slots, recorded after the block's last copy
+        self._block_events = [torch.cuda.Event() if on_cuda else None for _ in range(depth // _EVENT_EVERY)]
+        self._block_recorded = [False] * len(self._block_events)
+        self._device_index = device.index
+        self._stream = None
+        self._stream_raw = None
+        self.waits = 0
+
+    def stage(self, generation: int, values) -> None:
+        """Queue the copy of ``values`` into ``params`` on the current stream (step ``generation``)."""
+        slot = generation % self._staging_np.shape[0]
+        block = slot // _EVENT_EVERY
+        event = self._block_events[block]
+        if event is not None and slot % _EVENT_EVERY == 0 and self._block_recorded[block]:
+            # Entering a block of slots whose copies were queued one ring ago: their event tells
+            # whether they ran. Only a host more than a ring ahead of the GPU waits here.
+            if not event.query():
+                self.waits += 1
+                event.synchronize()
+            self._block_recorded[block] = False
+        self._staging_np[slot] = values
+        self.params.copy_(self._staging[slot], non_blocking=event is not None)
+        if event is not None and slot % _EVENT_EVERY == _EVENT_EVERY - 1:
+            event.record(self._current_stream())
+            self._block_recorded[block] = True
+
+    def _current_stream(self) -> torch.cuda.Stream:
+        """torch.cuda.current_stream(), cached by the raw stream handle (creating the Stream
+        object costs microseconds per step)."""
+        raw = torch._C._cuda_getCurrentRawStream(self._device_index)
+        if raw != self._stream_raw:
+            self._stream, self._stream_raw = torch.cuda.current_stream(self._device_index), raw
+        return self._stream
+
+
+class _StaticGraph:
+    """What both graph modes share: capture of ``launch()``, and the lease of static tensors
+    (the object of step ``k`` is live until ``prepare()`` stages step ``k+1``, whose replay
+    rewrites the same tensors). Subclasses set ``_generation``, ``_retired_through``, ``_graph``."""
+
+    def capture(self) -> torch.cuda.CUDAGraph:
+        """Capture ``launch()`` in a graph of its own (for callers without a graph of their own)."""
+        self.launch()  # compiles the kernel outside the capture
+        torch.cuda.current_stream().synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.launch()
+        self._graph = graph
+        return graph
+
+    def _check_captured(self) -> None:
+        if self._graph is None:
+            raise ChunkMetaError(f"{type(self).__name__}.replay() before capture(): capture the graph once first.")
+
+    def is_live(self, slot: int, generation: int) -> bool:
+        return generation == self._generation and generation > self._retired_through
+
+    def retire(self, generation: int) -> None:
+        self._retired_through = max(self._retired_through, generation)
+
+    def retired_message(self, slot: int, generation: int) -> str:
+        if generation <= self._retired_through:
+            return f"graph-mode metadata of step {generation} is retired: its step ended (the service's strict mode)."
+        return (
+            f"graph-mode metadata of step {generation} is retired: prepare() has staged step "
+            f"{self._generation}, whose replay rewrites the same static tensors."
+        )
+
+
+class GraphBuild(_StaticGraph):
     """Graph-capturable chunk metadata for one static ``query_start_loc`` buffer.
 
     Sized by ``builder`` (capacity, chunk size, device); owns its own static buffers (never the
@@ -77,20 +163,8 @@ class GraphBuild:
         self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
         self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
         self._cu_cpu_np = self._cu_cpu.numpy()
-        self._params = torch.zeros(2, dtype=torch.int32, device=device)
-        on_cuda = device.type == "cuda"
-        if staging_depth % _EVENT_EVERY or staging_depth < 2 * _EVENT_EVERY:
-            raise ChunkMetaError(
-                f"staging_depth={staging_depth}: must be a multiple of {_EVENT_EVERY}, at least {2 * _EVENT_EVERY}."
-            )
-        self._staging = torch.zeros(staging_depth, 2, dtype=torch.int32, pin_memory=on_cuda)
-        self._staging_np = self._staging.numpy()
-        # one event per block of _EVENT_EVERY slots, recorded after the block's last copy
-        self._block_events = [torch.cuda.Event() if on_cuda else None for _ in range(staging_depth // _EVENT_EVERY)]
-        self._block_recorded = [False] * len(self._block_events)
-        self._device_index = device.index
-        self._stream = None
-        self._stream_raw = None
+        self._staged = ParamsStaging(2, device, staging_depth)
+        self._params = self._staged.params
         self._fill = TritonFill(
             chunk_size=builder.chunk_size,
             block_seqs=cap.seqs,
@@ -102,7 +176,6 @@ class GraphBuild:
         self._generation = 0
         self._retired_through = -1
         self._metadata = self._metadata_for(0, 0, 0, 0)
-        self.staging_waits = 0  # times prepare() had to wait for a staging slot (host > depth steps ahead)
 
     @property
     def metadata(self) -> ChunkMetadata:
@@ -142,68 +215,23 @@ class GraphBuild:
             host, first_seq, num_seqs, self.chunk_size, self.builder.capacity, _plan.host_address(host)
         )
         # validated: from here on nothing fails on bad input
-        slot = self._generation % self._staging_np.shape[0]
-        block = slot // _EVENT_EVERY
-        event = self._block_events[block]
-        if event is not None and slot % _EVENT_EVERY == 0 and self._block_recorded[block]:
-            # Entering a block of slots whose copies were queued one ring ago: their event tells
-            # whether they ran. Only a host more than a ring ahead of the GPU waits here.
-            if not event.query():
-                self.staging_waits += 1
-                event.synchronize()
-            self._block_recorded[block] = False
-        self._staging_np[slot, 0] = step.first_seq
-        self._staging_np[slot, 1] = step.num_seqs
-        self._params.copy_(self._staging[slot], non_blocking=event is not None)
-        if event is not None and slot % _EVENT_EVERY == _EVENT_EVERY - 1:
-            event.record(self._current_stream())
-            self._block_recorded[block] = True
+        self._staged.stage(self._generation, (step.first_seq, step.num_seqs))
         _plan.write_host_cu_seqlens(step, self._cu_cpu_np)
         self._generation += 1
         self._metadata = self._metadata_for(step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
         return self._metadata
 
-    def _current_stream(self) -> torch.cuda.Stream:
-        """torch.cuda.current_stream(), cached by the raw stream handle (creating the Stream
-        object costs microseconds per step)."""
-        raw = torch._C._cuda_getCurrentRawStream(self._device_index)
-        if raw != self._stream_raw:
-            self._stream, self._stream_raw = torch.cuda.current_stream(self._device_index), raw
-        return self._stream
-
-    def capture(self) -> torch.cuda.CUDAGraph:
-        """Capture ``launch()`` in a graph of its own (for callers without a graph of their own)."""
-        self.launch()  # compiles the kernel outside the capture
-        torch.cuda.current_stream().synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.launch()
-        self._graph = graph
-        return graph
+    @property
+    def staging_waits(self) -> int:
+        """Times prepare() had to wait for a staging slot (the host > staging_depth steps ahead)."""
+        return self._staged.waits
 
     def replay(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
         """``prepare()`` then replay the graph from ``capture()``."""
-        if self._graph is None:
-            raise ChunkMetaError("GraphBuild.replay() before capture(): capture the graph once first.")
+        self._check_captured()
         metadata = self.prepare(query_start_loc_cpu, first_seq=first_seq, num_seqs=num_seqs)
         self._graph.replay()
         return metadata
-
-    def is_live(self, slot: int, generation: int) -> bool:
-        return generation == self._generation and generation > self._retired_through
-
-    def retire(self, generation: int) -> None:
-        self._retired_through = max(self._retired_through, generation)
-
-    def retired_message(self, slot: int, generation: int) -> str:
-        if generation <= self._retired_through:
-            return (
-                f"graph-mode ChunkMetadata of step {generation} is retired: its step ended (the service's strict mode)."
-            )
-        return (
-            f"graph-mode ChunkMetadata of step {generation} is retired: prepare() has staged step "
-            f"{self._generation}, whose replay rewrites the same static tensors."
-        )
 
     def _metadata_for(self, num_seqs, num_tokens, num_chunks, max_seqlen) -> ChunkMetadata:
         return ChunkMetadata(
@@ -221,3 +249,171 @@ class GraphBuild:
             self,
             0,
         )
+
+
+class StepGraphBuild(_StaticGraph):
+    """Graph-capturable step tables (``chunkmeta.StepTablesBuilder``) for an engine's static buffers.
+
+    Every table of ``builder``, capacity-shaped (``build(padded=True)``'s layout), written in place
+    into this object's own arena by one kernel that reads ``(first_seq, num_seqs, batch_seqs)``
+    from device params (``ParamsStaging``): ``launch()`` is the in-graph part, ``prepare()`` the
+    host part (every check, the host counts and copies, the params copy). The engine updates its
+    static ``query_start_loc`` (and ``num_computed_tokens`` / ``checkpoint_offsets`` where the
+    builder's tables need them) in place before each replay; the host arrays passed to
+    ``prepare()`` hold the same values.
+    """
+
+    def __init__(
+        self,
+        builder,
+        query_start_loc: torch.Tensor,
+        *,
+        num_computed_tokens: torch.Tensor | None = None,
+        checkpoint_offsets: torch.Tensor | None = None,
+        staging_depth: int = 1024,
+    ):
+        from chunkmeta.ring import TableRing
+
+        device = builder.device
+        for name, tensor, wanted in (
+            ("query_start_loc", query_start_loc, True),
+            ("num_computed_tokens", num_computed_tokens, builder.needs_computed),
+            ("checkpoint_offsets", checkpoint_offsets, builder.needs_checkpoints),
+        ):
+            if not wanted:
+                continue
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1:
+                raise ChunkMetaError(f"{name} must be the engine's static 1-D device buffer (the tables read it).")
+            _plan.check_row_tensor(name, tensor, tensor.shape[0], device)
+        try:  # the kernel reads its params on the device: the Triton kernel only
+            resolve_backend("triton", device)
+        except ChunkMetaError as exc:
+            raise ChunkMetaError(f"StepGraphBuild needs the Triton kernel: {exc}") from None
+        from chunkmeta.fill.step_fill import MAX_ENTRIES, StepFill
+
+        self.builder = builder
+        self.query_start_loc = query_start_loc
+        layout = builder.layout
+        self._computed = num_computed_tokens if builder.needs_computed else builder._dummy
+        self._checkpoints = checkpoint_offsets if builder.needs_checkpoints else builder._dummy
+        self.ring = TableRing(1, layout.regions, layout.slot_bytes, device)
+        self._cu_cpu = {name: torch.zeros(builder.capacity.seqs + 2, dtype=torch.int32) for name in builder._cu_cpu}
+        self._cu_cpu_np = {name: t.numpy() for name, t in self._cu_cpu.items()}
+        self._staged = ParamsStaging(3, device, staging_depth)
+        self._fill = StepFill(
+            entries=layout.entries, block_seqs=builder.capacity.seqs, padded=True, params_on_device=True
+        )
+        self._ints = (0, 0, 0, *layout.rows_pad, *([0] * (MAX_ENTRIES - len(layout.rows_pad))))
+        self._c_plan = None  # the C build's host side for this layout (checks, counts, host copies)
+        if builder._native is not None:
+            entries = [
+                (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
+                for e, rows in zip(layout.entries, layout.rows_pad, strict=True)
+            ]
+            cu_hosts = [
+                [self._cu_cpu[name].data_ptr() if e.kind == 1 else 0]
+                for name, e in zip(layout.owners, layout.entries, strict=True)
+            ]
+            cap = builder.capacity
+            self._c_plan = builder._native.make_steps(
+                0, 1, 1, 0, cap.seqs, cap.tokens, 1, entries, [self.ring.pointer(0)], cu_hosts
+            )
+        self._graph = None
+        self._generation = 0
+        self._retired_through = -1
+        empty = StepFacts(0, 0, 0, 0, 0, 0, 0, False, False)
+        self._tables = self._results(empty, (0,) * len(layout.entries))
+
+    @property
+    def tables(self) -> StepTables:
+        """The static tables with the host facts of the last prepared step."""
+        return self._tables
+
+    @property
+    def staging_waits(self) -> int:
+        return self._staged.waits
+
+    def launch(self) -> StepTables:
+        """Queue the fill on the current stream: the part to capture (or to run eagerly)."""
+        self._fill(
+            self.query_start_loc,
+            self._computed,
+            self._checkpoints,
+            self.ring.arena[0],
+            self._ints,
+            self._staged.params,
+        )
+        return self._tables
+
+    def prepare(
+        self,
+        query_start_loc_cpu,
+        *,
+        first_seq: int = 0,
+        num_seqs: int | None = None,
+        num_computed_tokens_cpu=None,
+        checkpoint_offsets_cpu=None,
+    ) -> StepTables:
+        """Host side of a step: every check, the host counts and copies, the params copy."""
+        builder = self.builder
+        facts = counts = None
+        host = plain_host_tensor(query_start_loc_cpu)
+        computed = plain_host_tensor(num_computed_tokens_cpu, 0) if builder.needs_computed else (0, 0, False)
+        checkpoints = plain_host_tensor(checkpoint_offsets_cpu, 0) if builder.needs_checkpoints else (0, 0, False)
+        if (
+            self._c_plan is not None
+            and host is not None
+            and host[1] <= self.query_start_loc.shape[0]
+            and computed is not None
+            and checkpoints is not None
+            and (not builder.needs_computed or computed[1] == host[1] - 1)
+            and (not builder.needs_checkpoints or checkpoints[1] == host[1] - 1)
+        ):
+            out = builder._native.step(
+                self._c_plan,
+                *host,
+                first_seq,
+                num_seqs,
+                computed[0],
+                computed[2],
+                checkpoints[0],
+                checkpoints[2],
+                0,
+                0,
+                0,
+                0,
+                0,
+            )
+            if type(out) is not int:
+                counts, facts = out[0], StepFacts(*out[1])
+        if facts is None:  # the general path: the precise error, or the step
+            array = _plan.host_array(query_start_loc_cpu)
+            if array.shape[0] > self.query_start_loc.shape[0]:
+                raise ChunkMetaError(
+                    f"query_start_loc_cpu has {array.shape[0]} entries but the static query_start_loc buffer "
+                    f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
+                )
+            facts, counts, step, batch = builder.plan_host(
+                array, first_seq, num_seqs, num_computed_tokens_cpu, checkpoint_offsets_cpu
+            )
+            builder.write_host_cu_seqlens(self._cu_cpu_np, step, batch, True)
+        # validated: from here on nothing fails on bad input
+        self._staged.stage(self._generation, (facts.first_seq, facts.num_seqs, facts.batch_seqs))
+        self._generation += 1
+        self._tables = self._results(facts, counts)
+        return self._tables
+
+    def replay(self, query_start_loc_cpu, **step) -> StepTables:
+        """``prepare()`` then replay the graph from ``capture()``."""
+        self._check_captured()
+        tables = self.prepare(query_start_loc_cpu, **step)
+        self._graph.replay()
+        return tables
+
+    def _results(self, facts, counts) -> StepTables:
+        return self.builder._results(
+            0, self._generation, facts, counts, True, ring=self.ring, host_cu=self._host_cu, lease=self
+        )
+
+    def _host_cu(self, name: str, slot: int, count: int) -> torch.Tensor:
+        return self._cu_cpu[name][:count]

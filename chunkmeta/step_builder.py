@@ -94,7 +94,7 @@ class StepTablesBuilder:
             offsets = tuple(region.offset for region in self.layout.regions[name].values())
             kind = (_tables.Fla, _tables.Conv, _tables.Mamba2, _tables.SglangMamba2).index(type(spec)) + 1
             self._result_plan.append((name, kind, spec, index, offsets, self.layout.rows_pad[index]))
-        self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its _host_tensor, query_start_loc)
+        self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its plain_host_tensor, query_start_loc)
         self._new_metadata = ChunkMetadata if self._native is None else self._native.metadata
 
     @property
@@ -148,63 +148,27 @@ class StepTablesBuilder:
         host = _plan.host_array(query_start_loc_cpu)
         _plan.check_device_tensor(query_start_loc, host.shape[0], self.device)
         num_requests = host.shape[0] - 1
-        address = _plan.host_address(host)
-        step = self._plan_slice(host, first_seq, num_seqs, address)
-        batch = self._plan_slice(host, 0, None, address) if self.needs_batch else None
-        computed = checkpoints = None
         computed_dev = checkpoints_dev = self._dummy
         if self.needs_computed:
-            computed, computed_dev = self._row_input(
-                "num_computed_tokens", num_computed_tokens, num_computed_tokens_cpu, num_requests
-            )
+            self._require("num_computed_tokens", num_computed_tokens, num_computed_tokens_cpu)
+            computed_dev = num_computed_tokens
         if self.needs_checkpoints:
-            checkpoints, checkpoints_dev = self._row_input(
-                "checkpoint_offsets", checkpoint_offsets, checkpoint_offsets_cpu, num_requests
-            )
-        first, n = step.first_seq, step.num_seqs
-        # per-row lengths only where positions matter (Mamba2's chunks); entries from a row's
-        # own start are counted by the plan
-        lengths = np.diff(step.segment).astype(np.int64) if self.needs_computed else None
-        if computed is not None:
-            ends = computed[first : first + n].astype(np.int64) + lengths
-            over = np.flatnonzero(ends > _plan.INT32_MAX)
-            if over.size:
-                i = first + int(over[0])
-                raise ChunkMetaError(
-                    f"num_computed_tokens_cpu[{i}]={int(computed[i])}: with its {int(lengths[over[0]])} new tokens "
-                    f"the request passes {_plan.INT32_MAX} tokens (positions are int32)."
-                )
-        if checkpoints is not None:
-            beyond = np.flatnonzero(checkpoints[first : first + n] > lengths)
-            if beyond.size:
-                i = first + int(beyond[0])
-                raise ChunkMetaError(
-                    f"checkpoint_offsets_cpu[{i}]={int(checkpoints[i])}: more than request {i}'s "
-                    f"{int(lengths[beyond[0]])} new tokens; a checkpoint lies within them (0 = none)."
-                )
+            self._require("checkpoint_offsets", checkpoint_offsets, checkpoint_offsets_cpu)
+            checkpoints_dev = checkpoint_offsets
+        facts, counts, step, batch = self.plan_host(
+            host, first_seq, num_seqs, num_computed_tokens_cpu, checkpoint_offsets_cpu
+        )
+        if self.needs_computed:
+            _plan.check_row_tensor("num_computed_tokens", computed_dev, num_requests, self.device)
+        if self.needs_checkpoints:
+            _plan.check_row_tensor("checkpoint_offsets", checkpoints_dev, num_requests, self.device)
         if not isinstance(padded, bool):
             raise ChunkMetaError(f"padded={padded!r}: must be a bool.")
-        counts = self._counts(host, address, step, batch, lengths, computed, checkpoints)
-        facts = StepFacts(
-            first,
-            n,
-            step.num_tokens,
-            step.max_seqlen,
-            num_requests,
-            batch.num_tokens if batch else 0,
-            batch.max_seqlen if batch else 0,
-            computed is not None and bool((computed[first : first + n] > 0).any()),
-            checkpoints is not None and bool((checkpoints[first : first + n] > 0).any()),
-        )
         # validated: from here on nothing fails on bad input
         rows = self.layout.rows_pad if padded else counts
         slot, generation = self.ring.claim()
         self._launch(query_start_loc, computed_dev, checkpoints_dev, slot, facts, rows, padded)
-        for name, spec in self.specs.items():
-            if isinstance(spec, _tables.Fla):
-                plan = batch if spec.rows == "batch" else step
-                seqs_out = _layout.padded_num_seqs(self.pad, self.capacity.seqs) if padded else plan.num_seqs
-                _plan.write_host_cu_seqlens(plan, self._cu_cpu_np[name][slot, : seqs_out + 1])
+        self.write_host_cu_seqlens({name: host[slot] for name, host in self._cu_cpu_np.items()}, step, batch, padded)
         result = self._results(slot, generation, facts, counts, padded)
         self.ring.publish(slot, generation)
         key = (padded, query_start_loc.dtype, computed_dev.dtype, checkpoints_dev.dtype)
@@ -229,7 +193,7 @@ class StepTablesBuilder:
         ):
             host = last[1]
         else:
-            host = _host_tensor(qsl_cpu)
+            host = plain_host_tensor(qsl_cpu)
             if host is None or not self._device_tensor(qsl, host[1]):
                 return None
             self._last_inputs = (qsl_cpu, host, qsl)
@@ -237,7 +201,7 @@ class StepTablesBuilder:
         computed_host = checkpoints_host = (0, 0, False)
         computed_dev = checkpoints_dev = self._dummy
         if self.needs_computed:
-            computed_host = _host_tensor(computed_cpu, 0)
+            computed_host = plain_host_tensor(computed_cpu, 0)
             if (
                 computed_host is None
                 or computed_host[1] != num_requests
@@ -246,7 +210,7 @@ class StepTablesBuilder:
                 return None
             computed_dev = computed
         if self.needs_checkpoints:
-            checkpoints_host = _host_tensor(checkpoints_cpu, 0)
+            checkpoints_host = plain_host_tensor(checkpoints_cpu, 0)
             if (
                 checkpoints_host is None
                 or checkpoints_host[1] != num_requests
@@ -336,21 +300,77 @@ class StepTablesBuilder:
 
     # -- plan --------------------------------------------------------------------------------
 
-    def _plan_slice(self, host, first_seq, num_seqs, address) -> _plan.StepPlan:
-        # the checks and sizes of a slice (chunk size 16: the smallest; FLA tables recount)
-        capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
-        return _plan.plan_step(host, first_seq, num_seqs, 16, capacity, address)
+    def plan_host(self, host: np.ndarray, first_seq, num_seqs, computed_cpu, checkpoints_cpu):
+        """Every host check and size of a step: ``(StepFacts, rows per kernel entry, prefill
+        StepPlan, batch StepPlan or None)``; raises ChunkMetaError naming the field. Host data only."""
+        num_requests = host.shape[0] - 1
+        address = _plan.host_address(host)
+        step = self._plan_slice(host, first_seq, num_seqs, address)
+        batch = self._plan_slice(host, 0, None, address) if self.needs_batch else None
+        computed = checkpoints = None
+        if self.needs_computed:
+            if computed_cpu is None:
+                self._require("num_computed_tokens", None, None)
+            computed = _plan.row_values("num_computed_tokens_cpu", computed_cpu, num_requests)
+        if self.needs_checkpoints:
+            if checkpoints_cpu is None:
+                self._require("checkpoint_offsets", None, None)
+            checkpoints = _plan.row_values("checkpoint_offsets_cpu", checkpoints_cpu, num_requests)
+        first, n = step.first_seq, step.num_seqs
+        # per-row lengths only where positions matter (Mamba2's chunks); entries from a row's
+        # own start are counted by the plan
+        lengths = np.diff(step.segment).astype(np.int64) if self.needs_computed else None
+        if computed is not None:
+            ends = computed[first : first + n].astype(np.int64) + lengths
+            over = np.flatnonzero(ends > _plan.INT32_MAX)
+            if over.size:
+                i = first + int(over[0])
+                raise ChunkMetaError(
+                    f"num_computed_tokens_cpu[{i}]={int(computed[i])}: with its {int(lengths[over[0]])} new tokens "
+                    f"the request passes {_plan.INT32_MAX} tokens (positions are int32)."
+                )
+        if checkpoints is not None:
+            beyond = np.flatnonzero(checkpoints[first : first + n] > lengths)
+            if beyond.size:
+                i = first + int(beyond[0])
+                raise ChunkMetaError(
+                    f"checkpoint_offsets_cpu[{i}]={int(checkpoints[i])}: more than request {i}'s "
+                    f"{int(lengths[beyond[0]])} new tokens; a checkpoint lies within them (0 = none)."
+                )
+        counts = self._counts(host, address, step, batch, lengths, computed, checkpoints)
+        facts = StepFacts(
+            first,
+            n,
+            step.num_tokens,
+            step.max_seqlen,
+            num_requests,
+            batch.num_tokens if batch else 0,
+            batch.max_seqlen if batch else 0,
+            computed is not None and bool((computed[first : first + n] > 0).any()),
+            checkpoints is not None and bool((checkpoints[first : first + n] > 0).any()),
+        )
+        return facts, counts, step, batch
 
-    def _row_input(self, name, device_tensor, host_values, num_requests):
+    def write_host_cu_seqlens(self, targets: dict, step, batch, padded: bool) -> None:
+        """The FLA tables' host ``cu_seqlens`` into ``targets[name]`` (int32 numpy, long enough)."""
+        for name, spec in self.specs.items():
+            if isinstance(spec, _tables.Fla):
+                plan = batch if spec.rows == "batch" else step
+                seqs_out = self._fla_seqs_pad if padded else plan.num_seqs
+                _plan.write_host_cu_seqlens(plan, targets[name][: seqs_out + 1])
+
+    def _require(self, name, device_tensor, host_values) -> None:
         if host_values is None or device_tensor is None:
             wanted = [n for n, s in self.specs.items() if s.needs_computed or getattr(s, "checkpoints", False)]
             raise ChunkMetaError(
                 f"{name} and {name}_cpu are required: tables {wanted} cut chunks on each request's position; pass "
                 "the device tensor and its host copy (one entry per request)."
             )
-        values = _plan.row_values(f"{name}_cpu", host_values, num_requests)
-        _plan.check_row_tensor(name, device_tensor, num_requests, self.device)
-        return values, device_tensor
+
+    def _plan_slice(self, host, first_seq, num_seqs, address) -> _plan.StepPlan:
+        # the checks and sizes of a slice (chunk size 16: the smallest; FLA tables recount)
+        capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
+        return _plan.plan_step(host, first_seq, num_seqs, 16, capacity, address)
 
     def _counts(self, host, address, step, batch, lengths, computed, checkpoints) -> tuple[int, ...]:
         """Rows of every kernel entry in the exact layout, from host data. Chunks cut from each
@@ -403,7 +423,8 @@ class StepTablesBuilder:
             )
         ints = (facts.first_seq, facts.num_seqs, facts.batch_seqs, *rows, *([0] * (_MAX_ENTRIES - len(rows))))
         dtypes = (query_start_loc.dtype, computed.dtype, checkpoints.dtype)
-        pointers = (query_start_loc.data_ptr(), computed.data_ptr(), checkpoints.data_ptr(), self.ring.pointer(slot))
+        qsl = query_start_loc.data_ptr()
+        pointers = (qsl, computed.data_ptr(), checkpoints.data_ptr(), self.ring.pointer(slot), qsl)
         if not fill.launch(dtypes, pointers, ints):
             fill(query_start_loc, computed, checkpoints, self.ring.arena[slot], ints)
 
@@ -418,11 +439,16 @@ class StepTablesBuilder:
             view = self._cu_cpu_views[key] = self._cu_cpu[name][slot, :count]
         return view.detach()
 
-    def _results(self, slot, generation, facts: StepFacts, counts, padded: bool) -> StepTables:
-        """The step's objects over slot ``slot``'s cached views (host copies already written).
-        FLA tables are made by the C build's unchecked constructor where it is loaded: their
-        values are this builder's own views and validated sizes."""
-        ring = self.ring
+    def _results(
+        self, slot, generation, facts: StepFacts, counts, padded: bool, ring=None, host_cu=None, lease=None
+    ) -> StepTables:
+        """The step's objects over slot ``slot``'s cached views (host copies already written) of
+        ``ring`` (default: the builder's; graph mode passes its static one, its host copies and
+        itself as the lease). FLA tables are made by the C build's unchecked constructor where it
+        is loaded: their values are this builder's own views and validated sizes."""
+        ring = ring or self.ring
+        lease = lease or ring
+        host_cu = host_cu or self._host_cu_seqlens
         view = ring.view
         new_metadata = self._new_metadata
         out = {}
@@ -436,7 +462,7 @@ class StepTablesBuilder:
                 seqs = (self._fla_seqs_pad if padded else n) + 1
                 out[name] = new_metadata(
                     view(slot, offsets[0], seqs).detach(),
-                    self._host_cu_seqlens(name, slot, seqs),
+                    host_cu(name, slot, seqs),
                     view(slot, offsets[1], rows_pad if padded else nt, True),
                     view(slot, offsets[2], seqs),
                     spec.chunk_size,
@@ -446,7 +472,7 @@ class StepTablesBuilder:
                     longest,
                     self.pad if padded else None,
                     generation,
-                    ring,
+                    lease,
                     slot,
                 )
             elif kind == 2:  # Conv
@@ -489,7 +515,7 @@ class StepTablesBuilder:
                     facts.num_tokens,
                     facts.prep_initial_states,
                 )
-        return StepTables(out, padded, generation, ring, slot)
+        return StepTables(out, padded, generation, lease, slot)
 
 
 class StepFacts(NamedTuple):
@@ -509,7 +535,7 @@ class StepFacts(NamedTuple):
 _NOTHING = torch.zeros(1, dtype=torch.int64)  # an address for a per-row array of no rows
 
 
-def _host_tensor(tensor, min_len: int = 1):
+def plain_host_tensor(tensor, min_len: int = 1):
     """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor, else None
     (the general path then checks it). An empty one gets an address the C build never reads."""
     if (

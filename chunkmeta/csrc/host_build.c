@@ -424,7 +424,7 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
    side only, as CPU builds use it), its launch shape, each slot's arena and host cu_seqlens
    buffers, and the entries (kind, shift, slice, base, flag, rows_pad, seqs_pad). */
 #define MAX_ENTRIES 6
-#define STEP_ARGS 13 /* qsl, computed, checkpoints, arena (8 B); 9 int32 scalars */
+#define STEP_ARGS 14 /* qsl, computed, checkpoints, arena, params (8 B); 9 int32 scalars */
 enum { FLA = 1, CONV = 2, MAMBA2 = 3, LOGICAL = 4, TOKENS = 5 };
 
 typedef struct {
@@ -466,7 +466,7 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
       if (i < STEP_ARGS) Py_RETURN_NONE;
       break;
     }
-    size_t want = i < 4 ? 8 : (i < STEP_ARGS ? 4 : 8);
+    size_t want = i < 5 ? 8 : (i < STEP_ARGS ? 4 : 8);
     if (size != want) Py_RETURN_NONE;
     if (i >= STEP_ARGS && ++trailing > MAX_TRAILING) Py_RETURN_NONE;
   }
@@ -620,7 +620,7 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   }
   /* the launch: entries' program ranges as the kernel computes them */
   if (st->function) {
-    uint64_t ptrs[4] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], st->arena[slot]};
+    uint64_t ptrs[5] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], st->arena[slot], (uint64_t)d[0]};
     int32_t scalars[9] = {(int32_t)first, (int32_t)n, (int32_t)requests, 0, 0, 0, 0, 0, 0};
     unsigned grid = 0;
     for (int j = 0; j < st->entries; j++) {
@@ -630,8 +630,8 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     uint64_t scratch[MAX_TRAILING] = {0};
     void *params[STEP_ARGS + MAX_TRAILING];
-    for (int i = 0; i < 4; i++) params[i] = &ptrs[i];
-    for (int i = 0; i < 9; i++) params[4 + i] = &scalars[i];
+    for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
+    for (int i = 0; i < 9; i++) params[5 + i] = &scalars[i];
     for (int i = 0; i < st->trailing; i++) params[STEP_ARGS + i] = &scratch[i];
     int err;
     Py_BEGIN_ALLOW_THREADS

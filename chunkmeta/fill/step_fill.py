@@ -299,13 +299,20 @@ def _pick(j: tl.constexpr, a, b, c, d, e, f):
 
 @triton.jit(
     do_not_specialize=["first_seq", "num_seqs", "batch_seqs", "rows0", "rows1", "rows2", "rows3", "rows4", "rows5"],
-    do_not_specialize_on_alignment=["query_start_loc", "num_computed_tokens", "checkpoint_offsets", "arena"],
+    do_not_specialize_on_alignment=[
+        "query_start_loc",
+        "num_computed_tokens",
+        "checkpoint_offsets",
+        "arena",
+        "step_params",
+    ],
 )
 def step_tables_kernel(
     query_start_loc,  # *i32|*i64 [R+1], device
     num_computed_tokens,  # *i32|*i64 [R], device (any pointer when no entry reads it)
     checkpoint_offsets,  # *i32|*i64 [R], device (any pointer when no entry reads it)
     arena,  # *i8: one ring slot, every entry's regions at the byte offsets in ENTRIES
+    step_params,  # *i32 [3] = (first_seq, num_seqs, batch_seqs); read only when PARAMS_ON_DEVICE
     first_seq,  # the prefill slice
     num_seqs,
     batch_seqs,  # the batch slice: requests [0, batch_seqs)
@@ -323,6 +330,7 @@ def step_tables_kernel(
     LOG2_BLOCK_SEQS: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     ROW_GROUPS: tl.constexpr,
+    PARAMS_ON_DEVICE: tl.constexpr,  # graph mode (chunkmeta.graph.StepGraphBuild): slices from step_params
 ):
     """Every table of one step.
 
@@ -333,6 +341,10 @@ def step_tables_kernel(
     Token counts and positions fit int32 (host-validated).
     """
     pid = tl.program_id(0)
+    if PARAMS_ON_DEVICE:
+        first_seq = tl.load(step_params)
+        num_seqs = tl.load(step_params + 1)
+        batch_seqs = tl.load(step_params + 2)
     start = 0
     for j in tl.static_range(len(ENTRIES)):
         rows = _pick(j, rows0, rows1, rows2, rows3, rows4, rows5)
@@ -384,7 +396,7 @@ class StepFill:
     directly with plain ints (CUDA only).
     """
 
-    def __init__(self, *, entries: tuple, block_seqs: int, padded: bool):
+    def __init__(self, *, entries: tuple, block_seqs: int, padded: bool, params_on_device: bool = False):
         if not 1 <= len(entries) <= MAX_ENTRIES:
             raise ValueError(f"a step has 1..{MAX_ENTRIES} kernel entries, got {len(entries)}")
         self.entries = tuple(tuple(e) for e in entries)
@@ -402,6 +414,7 @@ class StepFill:
             LOG2_BLOCK_SEQS=self.block_seqs.bit_length() - 1,
             BLOCK_ROWS=self.block_rows,
             ROW_GROUPS=min(self.num_warps, self.block_rows),
+            PARAMS_ON_DEVICE=params_on_device,
         )
         self._constexpr_values = tuple(self.constexprs.values())
         self._device_index = -1
@@ -416,7 +429,7 @@ class StepFill:
     def grid(self, rows: tuple[int, ...]) -> int:
         return sum(max(1, -(-r // self.block_rows)) for r in rows)
 
-    def launch(self, dtypes, pointers: tuple[int, int, int, int], ints: tuple[int, ...]) -> bool:
+    def launch(self, dtypes, pointers: tuple[int, int, int, int, int], ints: tuple[int, ...]) -> bool:
         """Fast launch with data pointers as ints; False (nothing launched) if not available.
         ``ints``: ``(first_seq, num_seqs, batch_seqs, rows0 .. rows5)``."""
         launcher = self._launchers.get(dtypes)
@@ -436,15 +449,19 @@ class StepFill:
         )
         return True
 
-    def __call__(self, query_start_loc, num_computed_tokens, checkpoint_offsets, arena, ints: tuple[int, ...]) -> None:
+    def __call__(
+        self, query_start_loc, num_computed_tokens, checkpoint_offsets, arena, ints: tuple[int, ...], params=None
+    ) -> None:
         """Launch through the JIT with tensors (works everywhere, including the interpreter), on
         the current stream of the tensors' device whichever device is current."""
         dtypes = (query_start_loc.dtype, num_computed_tokens.dtype, checkpoint_offsets.dtype)
+        params = query_start_loc if params is None else params  # unread unless PARAMS_ON_DEVICE
         pointers = (
             query_start_loc.data_ptr(),
             num_computed_tokens.data_ptr(),
             checkpoint_offsets.data_ptr(),
             arena.data_ptr(),
+            params.data_ptr(),
         )
         if self.launch(dtypes, pointers, ints):
             return
@@ -456,6 +473,7 @@ class StepFill:
                 num_computed_tokens,
                 checkpoint_offsets,
                 arena,
+                params,
                 *ints,
                 num_warps=self.num_warps,
                 **self.constexprs,

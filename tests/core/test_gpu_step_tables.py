@@ -155,3 +155,36 @@ def test_one_shot_exact_no_sync_one_kernel():
             build_chunk_metadata(qd, q, first_seq=first, num_seqs=n)
     kernels, copies = cuda_activity(lambda: build_chunk_metadata(qd, q, first_seq=first, num_seqs=n))
     assert len(kernels) == 1 and copies == [], (kernels, copies)
+
+
+@pytest.mark.parametrize("table_set", list(TABLE_SETS))
+def test_graph_capture_once_replay_many_steps(table_set):
+    from chunkmeta import StepGraphBuild
+
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda", pad="negative")
+    qsl_static = torch.zeros(MAX_SEQS + 1, dtype=torch.int32, device="cuda")
+    computed_static = torch.zeros(MAX_SEQS, dtype=torch.int32, device="cuda")
+    checkpoints_static = torch.zeros(MAX_SEQS, dtype=torch.int32, device="cuda")
+    graph = StepGraphBuild(
+        builder, qsl_static, num_computed_tokens=computed_static, checkpoint_offsets=checkpoints_static
+    )
+    graph.capture()
+    rng = np.random.default_rng(21)
+    for i in range(300):
+        qsl, first, n, computed, checkpoints = random_step(rng)
+        host = [torch.tensor(v, dtype=torch.int32) for v in (qsl, computed, checkpoints)]
+        # the engine's part: its static buffers updated in place on the stream, before the replay
+        qsl_static[: len(qsl)].copy_(host[0], non_blocking=True)
+        computed_static[: len(computed)].copy_(host[1], non_blocking=True)
+        checkpoints_static[: len(checkpoints)].copy_(host[2], non_blocking=True)
+        kwargs = dict(first_seq=first, num_seqs=n, num_computed_tokens_cpu=host[1], checkpoint_offsets_cpu=host[2])
+        if i % 50 == 49:
+            with no_sync():
+                tables = graph.replay(host[0], **kwargs)
+        else:
+            tables = graph.replay(host[0], **kwargs)
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    kernels, copies = cuda_activity(lambda: graph.replay(host[0], **kwargs))
+    assert len(kernels) == 1 and "step_tables_kernel" in kernels[0], kernels
+    assert len(copies) == 1, copies  # the params copy
+    assert graph.staging_waits == 0

@@ -331,3 +331,67 @@ def test_same_tensor_changed_in_place_is_checked_again():
     q.set_(torch.tensor([0, 5, 2], dtype=torch.int32))
     with pytest.raises(ChunkMetaError, match="decreasing"):
         builder.build(q, q)
+
+
+# --- graph mode: static buffers, params on the device, one launch for any step -----------------
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch_steps=st.lists(steps(max_prefills=6), min_size=1, max_size=3), specs_name=st.sampled_from("ab"))
+def test_graph_mode_launch_serves_every_step(batch_steps, specs_name):
+    """One StepGraphBuild, its launch() run as a replay would (same arguments every step), the
+    static buffers rewritten in place between steps: every step's tables are exact."""
+    from chunkmeta import StepGraphBuild
+
+    builder = builder_for("triton", specs_name)
+    qsl_static = torch.zeros(MAX_SEQS + 1, dtype=torch.int32)
+    computed_static = torch.zeros(MAX_SEQS, dtype=torch.int32)
+    checkpoints_static = torch.zeros(MAX_SEQS, dtype=torch.int32)
+    graph = StepGraphBuild(
+        builder, qsl_static, num_computed_tokens=computed_static, checkpoint_offsets=checkpoints_static
+    )
+    previous = None
+    for qsl, first, n, computed, checkpoints in batch_steps:
+        qsl_static[: len(qsl)] = torch.tensor(qsl, dtype=torch.int32)
+        computed_static[: len(computed)] = torch.tensor(computed, dtype=torch.int32)
+        checkpoints_static[: len(checkpoints)] = torch.tensor(checkpoints, dtype=torch.int32)
+        tables = graph.prepare(
+            torch.tensor(qsl, dtype=torch.int32),
+            first_seq=first,
+            num_seqs=n,
+            num_computed_tokens_cpu=torch.tensor(computed, dtype=torch.int32),
+            checkpoint_offsets_cpu=torch.tensor(checkpoints, dtype=torch.int32),
+        )
+        assert graph.launch() is tables and tables.is_live
+        if previous is not None:
+            assert not previous.is_live
+        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+        previous = tables
+
+
+def test_graph_mode_bad_input_stages_nothing():
+    from chunkmeta import StepGraphBuild
+
+    builder = builder_for("triton", "a")
+    qsl_static = torch.zeros(MAX_SEQS + 1, dtype=torch.int32)
+    zeros = torch.zeros(MAX_SEQS, dtype=torch.int32)
+    graph = StepGraphBuild(builder, qsl_static, num_computed_tokens=zeros, checkpoint_offsets=zeros.clone())
+    q = torch.tensor([0, 4, 9], dtype=torch.int32)
+    c = torch.tensor([0, 3], dtype=torch.int32)
+    good = graph.prepare(q, num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c * 0)
+    params = graph._staged.params.clone()
+    for kwargs, message in (
+        (dict(num_computed_tokens_cpu=c, checkpoint_offsets_cpu=torch.tensor([0, 6], dtype=torch.int32)), "checkpoint"),
+        (dict(num_computed_tokens_cpu=None, checkpoint_offsets_cpu=c), "num_computed_tokens and"),
+        (dict(num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c, num_seqs=5), "num_seqs=5"),
+    ):
+        with pytest.raises(ChunkMetaError, match=message):
+            graph.prepare(q, **kwargs)
+        assert good.is_live and torch.equal(graph._staged.params, params)
+    too_long = torch.arange(MAX_SEQS + 2, dtype=torch.int32)
+    with pytest.raises(ChunkMetaError, match="static query_start_loc buffer"):
+        graph.prepare(too_long, num_computed_tokens_cpu=too_long[:-1], checkpoint_offsets_cpu=too_long[:-1] * 0)
+    with pytest.raises(ChunkMetaError, match="replay\\(\\) before capture"):
+        graph.replay(q, num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c * 0)
+    with pytest.raises(ChunkMetaError, match="num_computed_tokens must be"):
+        StepGraphBuild(builder, qsl_static)

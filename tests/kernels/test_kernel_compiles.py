@@ -56,17 +56,17 @@ from chunkmeta.fill.step_fill import StepFill, step_tables_kernel
 specs = {"fla": tables.Fla(64), "fla_batch": tables.Fla(64, rows="batch", offsets_dtype=__import__("torch").int32),
          "conv": tables.Conv(), "mamba2": tables.Mamba2(chunk_size=256, checkpoints=True),
          "sglang": tables.SglangMamba2(chunk_size=64)}
+step_ints = ("first_seq", "num_seqs", "batch_seqs", "rows0", "rows1", "rows2", "rows3", "rows4", "rows5")
 step_signature = {"query_start_loc": "*i32", "num_computed_tokens": "*i64", "checkpoint_offsets": "*i32",
-                  "arena": "*u8", **{name: "i32" for name in ("first_seq", "num_seqs", "batch_seqs", "rows0", "rows1",
-                                                              "rows2", "rows3", "rows4", "rows5")}}
+                  "arena": "*u8", "step_params": "*i32", **{name: "i32" for name in step_ints}}
 for capacity in (64, 1024, 4096):
     entries = tables.slot_layout(specs, capacity, 65536, "tail").entries
-    for padded in (False, True):
-        fill = StepFill(entries=entries, block_seqs=capacity, padded=padded)
+    for padded, on_device in ((False, False), (True, False), (True, True)):
+        fill = StepFill(entries=entries, block_seqs=capacity, padded=padded, params_on_device=on_device)
         full = dict(step_signature, **{name: "constexpr" for name in fill.constexprs})
         triton.compile(ASTSource(step_tables_kernel, full, dict(fill.constexprs)), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": fill.num_warps})
-        print("compiled step", capacity, padded)
+        print("compiled step", capacity, padded, on_device)
 paired = tables.slot_layout({"conv": tables.Conv(paired=True), "mamba2": tables.Mamba2()}, 256, 8192, "tail")
 fill = StepFill(entries=paired.entries, block_seqs=256, padded=False)
 full = dict(step_signature, **{name: "constexpr" for name in fill.constexprs})
@@ -99,7 +99,7 @@ def test_compiles_for_sm90():
         # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
         cannot_compile(f"this Triton cannot compile for sm_90 here: {done.stderr[-600:]}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 20, done.stdout
+    assert done.stdout.count("compiled") == 23, done.stdout
 
 
 def test_cuda_fill_compiles_for_sm90():

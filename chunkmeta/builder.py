@@ -432,6 +432,8 @@ class ChunkMetadataBuilder:
 
 # The one-shot's fills, compiled once per process: (chunk_size, lanes, indices dtype) -> TritonFill
 _ONE_SHOT_FILLS: dict[tuple, object] = {}
+# ... and their C launches: (chunk_size, lanes, indices dtype, query_start_loc dtype) -> capsule or False
+_ONE_SHOT_C: dict[tuple, object] = {}
 
 
 def build_chunk_metadata(
@@ -452,6 +454,9 @@ def build_chunk_metadata(
     Kimi-K3 helper's contract for int64 ``cu_seqlens``), outside FLA's int32 contract.
     For a step loop, keep a ``ChunkMetadataBuilder`` instead: it allocates once.
     """
+    made = _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num_seqs, backend, indices_dtype)
+    if made is not None:
+        return made
     if not isinstance(query_start_loc, torch.Tensor):
         raise ChunkMetaError(f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor.")
     host = _plan.host_array(query_start_loc_cpu)
@@ -493,6 +498,9 @@ def build_chunk_metadata(
                 indices_dtype=indices_dtype,
             )
         args = (step.first_seq, n, nt, n, 0)
+        c_key = (*key, query_start_loc.dtype)
+        if c_key not in _ONE_SHOT_C and query_start_loc.is_cuda:
+            _ONE_SHOT_C[c_key] = False  # until the JIT launch below compiled the kernel
         if not fill.launch(
             query_start_loc.dtype,
             query_start_loc.data_ptr(),
@@ -503,6 +511,91 @@ def build_chunk_metadata(
             *args,
         ):
             fill(query_start_loc, query_start_loc, cu, indices, offsets, *args)
+        if _ONE_SHOT_C.get(c_key) is False:
+            _ONE_SHOT_C[c_key] = _one_shot_capsule(fill, query_start_loc.dtype, chunk_size)
     return ChunkMetadata(
         cu, cu_cpu, indices, offsets, chunk_size, n, step.num_tokens, nt, step.max_seqlen, None, 0, None, 0
     )
+
+
+def _one_shot_capsule(fill, dtype, chunk_size):
+    """The C launch of a one-shot fill once its kernel is compiled, or None (no C launch here)."""
+    module = native.cuda_launcher()
+    kernel = fill.plain_kernel(dtype)
+    if module is None or kernel is None:
+        return None
+    function, num_warps, shared = kernel
+    cap = _plan.MAX_NUM_SEQS
+    return module.make_fill(
+        function,
+        fill.block_rows,
+        num_warps,
+        shared,
+        chunk_size.bit_length() - 1,
+        cap,
+        _plan.INT32_MAX - chunk_size,
+        _plan.INT32_MAX // chunk_size,
+        -1,
+        -1,
+        0,
+        0,
+        [(0, 0, 0, 0)],
+        None,
+    )
+
+
+def _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num_seqs, backend, indices_dtype):
+    """The one-shot with its host side in C (plan, checks, host copy, launch) once its kernel is
+    compiled and launchable from C; None where the general path must run (first calls, bad
+    input, CPU tensors, another current device)."""
+    if backend != "auto" and backend != "triton":
+        return None
+    host = _plan.plain_host_tensor(query_start_loc_cpu)
+    if (
+        host is None
+        or type(query_start_loc) is not torch.Tensor
+        or not query_start_loc.is_cuda
+        or query_start_loc.dtype not in _INT_DTYPES
+        or query_start_loc.dim() != 1
+        or query_start_loc.shape[0] != host[1]
+        or query_start_loc.stride(0) != 1
+        or type(chunk_size) is not int
+        or type(first_seq) is not int
+        or not (num_seqs is None or type(num_seqs) is int)
+    ):
+        return None
+    n = host[1] - 1 - first_seq if num_seqs is None else num_seqs
+    key = (chunk_size, _plan.next_pow2(max(n, 16)), indices_dtype, query_start_loc.dtype)
+    capsule = _ONE_SHOT_C.get(key)
+    device = query_start_loc.get_device()
+    if not capsule or n < 0 or torch._C._cuda_getDevice() != device:
+        return None
+    module = native.module()
+    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+    out = module.oneshot_plan(*host, first_seq, num_seqs, chunk_size.bit_length() - 1, cu_cpu.data_ptr(), n + 1)
+    if type(out) is int:
+        return None
+    n, tokens, nt, longest = out
+    # one allocation, in int64 words: chunk_offsets [N+1] | cu_seqlens int32 [N+1] | chunk_indices [NT, 2]
+    cu_words = -(-(n + 1) // 2)
+    index_words = nt if indices_dtype == torch.int32 else 2 * nt
+    words = torch.empty(n + 1 + cu_words + index_words, dtype=torch.int64, device=query_start_loc.device)
+    offsets, cu, indices = words.split((n + 1, cu_words, index_words))
+    cu = cu.view(torch.int32)[: n + 1]
+    indices = indices.view(indices_dtype).view(nt, 2)
+    err = module.launch_fill(
+        capsule,
+        query_start_loc.data_ptr(),
+        cu.data_ptr(),
+        indices.data_ptr(),
+        offsets.data_ptr(),
+        first_seq,
+        n,
+        nt,
+        n,
+        torch._C._cuda_getCurrentRawStream(device),
+    )
+    if err:
+        _ONE_SHOT_C[key] = None  # a kernel that cannot launch from C is not retried every call
+        return None
+    return module.metadata(cu, cu_cpu, indices, offsets, chunk_size, n, tokens, nt, longest, None, 0, None, 0)

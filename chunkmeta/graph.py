@@ -32,7 +32,7 @@ from chunkmeta import plan as _plan
 from chunkmeta.builder import ChunkMetadataBuilder, resolve_backend
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import ChunkMetadata, StepTables
-from chunkmeta.step_builder import StepFacts, plain_host_tensor
+from chunkmeta.step_builder import StepFacts
 
 _EVENT_EVERY = 32  # staging slots per CUDA event
 
@@ -357,9 +357,9 @@ class StepGraphBuild(_StaticGraph):
         """Host side of a step: every check, the host counts and copies, the params copy."""
         builder = self.builder
         facts = counts = None
-        host = plain_host_tensor(query_start_loc_cpu)
-        computed = plain_host_tensor(num_computed_tokens_cpu, 0) if builder.needs_computed else (0, 0, False)
-        checkpoints = plain_host_tensor(checkpoint_offsets_cpu, 0) if builder.needs_checkpoints else (0, 0, False)
+        host = _plan.plain_host_tensor(query_start_loc_cpu)
+        computed = _plan.plain_host_tensor(num_computed_tokens_cpu, 0) if builder.needs_computed else (0, 0, False)
+        checkpoints = _plan.plain_host_tensor(checkpoint_offsets_cpu, 0) if builder.needs_checkpoints else (0, 0, False)
         if (
             self._c_plan is not None
             and host is not None

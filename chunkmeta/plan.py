@@ -366,3 +366,22 @@ def check_row_tensor(name: str, tensor, num_rows: int, device: torch.device) -> 
         )
     if tensor.device != device:
         raise ChunkMetaError(f"{name} is on {tensor.device} but the builder's buffers are on {device}.")
+
+
+_NOTHING = torch.zeros(1, dtype=torch.int64)  # an address for a per-row array of no rows
+
+
+def plain_host_tensor(tensor, min_len: int = 1):
+    """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor, else None
+    (the general path then checks it). An empty one gets an address the C build never reads."""
+    if (
+        type(tensor) is torch.Tensor
+        and tensor.is_cpu
+        and tensor.dtype in _INTEGER_DTYPES
+        and tensor.dim() == 1
+        and tensor.shape[0] >= min_len
+        and tensor.stride(0) == 1
+        and tensor.layout is torch.strided
+    ):
+        return tensor.data_ptr() or _NOTHING.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
+    return None

@@ -193,7 +193,7 @@ class StepTablesBuilder:
         ):
             host = last[1]
         else:
-            host = plain_host_tensor(qsl_cpu)
+            host = _plan.plain_host_tensor(qsl_cpu)
             if host is None or not self._device_tensor(qsl, host[1]):
                 return None
             self._last_inputs = (qsl_cpu, host, qsl)
@@ -201,7 +201,7 @@ class StepTablesBuilder:
         computed_host = checkpoints_host = (0, 0, False)
         computed_dev = checkpoints_dev = self._dummy
         if self.needs_computed:
-            computed_host = plain_host_tensor(computed_cpu, 0)
+            computed_host = _plan.plain_host_tensor(computed_cpu, 0)
             if (
                 computed_host is None
                 or computed_host[1] != num_requests
@@ -210,7 +210,7 @@ class StepTablesBuilder:
                 return None
             computed_dev = computed
         if self.needs_checkpoints:
-            checkpoints_host = plain_host_tensor(checkpoints_cpu, 0)
+            checkpoints_host = _plan.plain_host_tensor(checkpoints_cpu, 0)
             if (
                 checkpoints_host is None
                 or checkpoints_host[1] != num_requests
@@ -530,22 +530,3 @@ class StepFacts(NamedTuple):
     batch_max_seqlen: int
     prep_initial_states: bool
     any_checkpoint: bool
-
-
-_NOTHING = torch.zeros(1, dtype=torch.int64)  # an address for a per-row array of no rows
-
-
-def plain_host_tensor(tensor, min_len: int = 1):
-    """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor, else None
-    (the general path then checks it). An empty one gets an address the C build never reads."""
-    if (
-        type(tensor) is torch.Tensor
-        and tensor.is_cpu
-        and tensor.dtype in _INT_DTYPES
-        and tensor.dim() == 1
-        and tensor.shape[0] >= min_len
-        and tensor.stride(0) == 1
-        and tensor.layout is torch.strided
-    ):
-        return tensor.data_ptr() or _NOTHING.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
-    return None

@@ -1,11 +1,12 @@
 /* chunkmeta's host build: a CPython extension compiled on first use by chunkmeta.jit (for
-   chunkmeta.native) into $CHUNKMETA_CACHE_DIR. Three jobs:
+   chunkmeta.native) into $CHUNKMETA_CACHE_DIR. Four jobs:
    - plan(): one pass over a prefill slice of the host query_start_loc (sizes and the first bad
      index), for chunkmeta.plan;
    - make_fill() / build(): a CUDA builder's whole host side of a build in one call: validation,
      the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
      chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy;
-   - make_steps() / step(): the same for a step builder's tables (chunkmeta.step_builder).
+   - make_steps() / step(): the same for a step builder's tables (chunkmeta.step_builder);
+   - oneshot_plan() / launch_fill(): the one-shot's (chunkmeta.builder.build_chunk_metadata).
    MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
    different sources never collide in one process. */
 #ifndef MODULE_NAME
@@ -666,11 +667,74 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                        (long long)batch.longest, prep, any_checkpoint);
 }
 
+/* ---- the one-shot: its plan and host copy, then its launch, from C ------------------------ */
+/* oneshot_plan(host, host_len, is64, first_seq, num_seqs, shift, cu_host, cu_len)
+   -> (n, tokens, chunks, longest), or -1 for input the general path must check (nothing
+   written). cu_host: int32 [cu_len] that receives the rebased slice (cu_len must be n + 1). */
+static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "oneshot_plan takes 8 arguments");
+    return NULL;
+  }
+  if (!PyLong_CheckExact(args[3]) || !(args[4] == Py_None || PyLong_CheckExact(args[4]))) return PyLong_FromLong(-1);
+  long long a[3], b[3];
+  if (int_args(args, 3, 3, a) || int_args(args + 5, 3, 3, b)) return NULL;
+  int overflow = 0;
+  long long first = PyLong_AsLongLongAndOverflow(args[3], &overflow), n = -1;
+  if (!overflow && args[4] != Py_None) n = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+  if (overflow || (args[4] != Py_None && n < 0) || b[0] < 0 || b[0] > 31) return PyLong_FromLong(-1);
+  const char *host = (const char *)(uintptr_t)a[0];
+  int is64 = (int)a[2];
+  int64_t requests = a[1] - 1;
+  if (n < 0) n = requests - first;
+  /* the one-shot's widest sizes (chunkmeta.builder.build_chunk_metadata): 2^16 sequences, int32 tokens */
+  if (requests < 0 || first < 0 || first > requests || n > 65536 || first + n > requests || b[2] != n + 1)
+    return PyLong_FromLong(-1);
+  const void *q = host + first * (is64 ? 8 : 4);
+  int64_t start = load(q, is64, 0), end = load(q, is64, n);
+  if (start < 0 || end < start || end - start > 2147483647LL - (1LL << b[0])) return PyLong_FromLong(-1);
+  Plan p = plan_any(q, is64, n, (int)b[0]);
+  if (p.bad || p.chunks > (2147483647LL >> b[0])) return PyLong_FromLong(-1);
+  int32_t *out = (int32_t *)(uintptr_t)b[1];
+  for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(load(q, is64, i) - start);
+  return Py_BuildValue("(LLLL)", (long long)n, (long long)(end - start), (long long)p.chunks, (long long)p.longest);
+}
+
+/* launch_fill(fill, qsl, cu, indices, offsets, first_seq, num_seqs, rows_out, seqs_out, stream)
+   -> 0, or the CUresult of a failed launch: a fill's kernel on outputs of the caller's (the
+   one-shot's fresh tensors), with the exact layout's sizes. */
+static PyObject *py_launch_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "launch_fill takes 10 arguments");
+    return NULL;
+  }
+  Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
+  if (!f) return NULL;
+  long long a[9];
+  if (int_args(args + 1, 9, 9, a)) return NULL;
+  if (!f->function) return PyLong_FromLong(0);
+  uint64_t ptrs[5] = {(uint64_t)a[0], (uint64_t)a[0], (uint64_t)a[1], (uint64_t)a[2], (uint64_t)a[3]};
+  int32_t scalars[5] = {(int32_t)a[4], (int32_t)a[5], (int32_t)a[6], (int32_t)a[7], 0};
+  uint64_t scratch[MAX_TRAILING] = {0};
+  void *params[NUM_ARGS + MAX_TRAILING];
+  for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
+  for (int i = 0; i < 5; i++) params[5 + i] = &scalars[i];
+  for (int i = 0; i < f->trailing; i++) params[NUM_ARGS + i] = &scratch[i];
+  unsigned grid = a[6] > 0 ? (unsigned)((a[6] + f->block_rows - 1) / f->block_rows) : 1u;
+  int err;
+  Py_BEGIN_ALLOW_THREADS
+  err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)a[8], params, NULL);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(err);
+}
+
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_FASTCALL, "the host plan of a prefill slice"},
     {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
     {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
+    {"oneshot_plan", (PyCFunction)(void (*)(void))py_oneshot_plan, METH_FASTCALL, "a one-shot's plan and host copy"},
+    {"launch_fill", (PyCFunction)(void (*)(void))py_launch_fill, METH_FASTCALL, "a fill on the caller's outputs"},
     {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},

@@ -146,6 +146,10 @@ def test_one_shot_exact_no_sync_one_kernel():
             assert md.chunk_indices.dtype == torch.int64
             assert [tuple(r) for r in md.chunk_indices.cpu().tolist()] == ref.chunk_indices
             assert md.chunk_offsets.cpu().tolist() == ref.chunk_offsets
+    from chunkmeta import builder as builder_module
+
+    # after its first call per bucket, the one-shot's host side and launch run in C
+    assert any(builder_module._ONE_SHOT_C.values()), builder_module._ONE_SHOT_C
     qsl, first, n, _, _ = steps[0]
     q = torch.tensor(qsl, dtype=torch.int32)
     qd = q.cuda()

@@ -4,13 +4,14 @@ sequences compiled once per process (the Triton kernel under the interpreter on 
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checks import assert_exact, tensors_for
 from chunkmeta import build_chunk_metadata, reference
 from chunkmeta import builder as builder_module
 from chunkmeta.fill.triton_fill import TritonFill
 from chunkmeta.workloads import from_lengths
-from strategies import CHUNK_SIZES, batches
+from strategies import CHUNK_SIZES, batches, host_offsets
 
 
 @settings(max_examples=25, deadline=None)
@@ -60,3 +61,27 @@ def test_bad_indices_dtype():
     qsl, qsl_cpu = tensors_for(from_lengths([4]))
     with pytest.raises(ValueError, match="indices_dtype=torch.float32"):
         build_chunk_metadata(qsl, qsl_cpu, indices_dtype=torch.float32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(host=host_offsets(max_seqs=40), first=st.integers(0, 3), num_seqs=st.none() | st.integers(0, 40))
+def test_c_plan_agrees_with_the_plan(host, first, num_seqs):
+    """The one-shot's C plan (used on CUDA) takes exactly the steps the Python plan takes, with
+    the same sizes and host copy, and refuses the rest (which the general path then diagnoses)."""
+    from chunkmeta import native, plan
+
+    module = native.module()
+    if module is None:
+        pytest.skip("no compiled host build here")
+    widest = plan.Capacity(plan.MAX_NUM_SEQS, plan.INT32_MAX - 64, plan.INT32_MAX // 64)
+    tensor = torch.from_numpy(host)
+    n = host.shape[0] - 1 - first if num_seqs is None else num_seqs
+    cu = torch.full((max(n, 0) + 1,), -7, dtype=torch.int32)
+    out = module.oneshot_plan(*plan.plain_host_tensor(tensor), first, num_seqs, 6, cu.data_ptr(), cu.shape[0])
+    try:
+        step = plan.plan_step(host, first, num_seqs, 64, widest)
+    except ValueError:
+        assert out == -1
+        return
+    assert out == (step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
+    assert cu.tolist() == (step.segment - step.segment[0]).tolist()

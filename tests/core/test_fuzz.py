@@ -3,7 +3,8 @@ the value, and afterwards the builder still works and every live ChunkMetadata i
 
 Each example takes a valid step and applies one corruption. Entry points: build_chunk_metadata,
 ChunkMetadataBuilder.build / build_padded, ChunkMetaService.begin_step, GraphBuild.prepare
-(through the service's begin_graph_step), and the KDA adapter (bad metadata).
+(through the service's begin_graph_step), the KDA adapter (bad metadata), and
+StepTablesBuilder.build (with the per-request inputs' corruptions too).
 
 Note on chunk rows: a step whose sequences and tokens fit the capacity always fits its rows
 (cdiv(a, C) + cdiv(b, C) <= cdiv(a + b, C) + 1, so NT <= cdiv(T, C) + N), hence "capacity + 1
@@ -19,7 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checks import as_lists, assert_exact, tensors_for
-from chunkmeta import ChunkMetadataBuilder, ChunkMetaError, ChunkMetaService, StepBatch, build_chunk_metadata
+from chunkmeta import (
+    ChunkMetadataBuilder,
+    ChunkMetaError,
+    ChunkMetaService,
+    StepBatch,
+    StepTablesBuilder,
+    build_chunk_metadata,
+    reference,
+    tables,
+)
 from chunkmeta.workloads import from_lengths
 from strategies import batches
 
@@ -289,3 +299,141 @@ def test_one_service_per_thread_works_concurrently():
     for t in threads:
         t.join()
     assert results == {0: True, 1: True, 2: True, 3: True}
+
+
+# --- the step builder: the same corruptions, and the per-request inputs' ------------------------
+
+STEP_SPECS = {
+    "fla": tables.Fla(64),
+    "conv": tables.Conv(),
+    "mamba2": tables.Mamba2(chunk_size=64, checkpoints=True),
+    "sglang": tables.SglangMamba2(chunk_size=16),
+}
+
+
+def _row_kwargs(batch):
+    rows = len(batch.query_start_loc) - 1
+    computed = torch.arange(rows, dtype=torch.int32) * 7
+    return {
+        "num_computed_tokens": computed.clone(),
+        "num_computed_tokens_cpu": computed,
+        "checkpoint_offsets": torch.zeros(rows, dtype=torch.int32),
+        "checkpoint_offsets_cpu": torch.zeros(rows, dtype=torch.int32),
+    }
+
+
+def _row_corruptions():
+    """(name, fn(kwargs, batch) -> kwargs, expected message fragments)."""
+
+    def with_value(key, index_from_end, value):
+        def corrupt(kw, batch):
+            tensor = kw[key].clone()
+            tensor[-index_from_end] = value
+            return {**kw, key: tensor}
+
+        return corrupt
+
+    def computed_past_int32(kw, batch):
+        host = kw["num_computed_tokens_cpu"].clone()
+        host[batch.first_seq] = 2**31 - 1  # the slice's first request has new tokens (see the test)
+        return {**kw, "num_computed_tokens_cpu": host}
+
+    def checkpoint_past_the_tokens(kw, batch):
+        lengths = np.diff(batch.query_start_loc)
+        host = kw["checkpoint_offsets_cpu"].clone()
+        host[batch.first_seq] = int(lengths[batch.first_seq]) + 1
+        return {**kw, "checkpoint_offsets_cpu": host}
+
+    return [
+        (
+            "computed short",
+            lambda kw, b: {**kw, "num_computed_tokens_cpu": kw["num_computed_tokens_cpu"][:-1]},
+            ["num_computed_tokens_cpu has shape"],
+        ),
+        ("computed negative", with_value("num_computed_tokens_cpu", 1, -3), ["num_computed_tokens_cpu[", "=-3"]),
+        (
+            "computed float",
+            lambda kw, b: {**kw, "num_computed_tokens_cpu": kw["num_computed_tokens_cpu"].float()},
+            ["torch.float32"],
+        ),
+        (
+            "computed list",
+            lambda kw, b: {**kw, "num_computed_tokens_cpu": kw["num_computed_tokens_cpu"].tolist()},
+            ["is a list"],
+        ),
+        (
+            "computed device short",
+            lambda kw, b: {**kw, "num_computed_tokens": kw["num_computed_tokens"][:-1]},
+            ["num_computed_tokens has shape"],
+        ),
+        (
+            "computed device 2-d",
+            lambda kw, b: {**kw, "num_computed_tokens": kw["num_computed_tokens"].view(1, -1)},
+            ["num_computed_tokens has shape"],
+        ),
+        (
+            "computed wrong device",
+            lambda kw, b: {**kw, "num_computed_tokens": kw["num_computed_tokens"].to("meta")},
+            ["num_computed_tokens is on meta"],
+        ),
+        (
+            "computed host on device",
+            lambda kw, b: {**kw, "num_computed_tokens_cpu": kw["num_computed_tokens"].to("meta")},
+            ["num_computed_tokens_cpu is on meta"],
+        ),
+        (
+            "computed missing",
+            lambda kw, b: {**kw, "num_computed_tokens": None},
+            ["num_computed_tokens and num_computed_tokens_cpu are required"],
+        ),
+        ("computed past int32", computed_past_int32, ["2147483647", "int32"]),
+        ("checkpoint past the new tokens", checkpoint_past_the_tokens, ["checkpoint_offsets_cpu[", "new tokens"]),
+        ("checkpoint negative", with_value("checkpoint_offsets_cpu", 1, -1), ["checkpoint_offsets_cpu[", "=-1"]),
+        ("checkpoint missing", lambda kw, b: {**kw, "checkpoint_offsets_cpu": None}, ["checkpoint_offsets and"]),
+    ]
+
+
+ROW_CORRUPTIONS = _row_corruptions()
+
+
+class LiveSteps:
+    """A step builder with live StepTables, and a snapshot of its buffers."""
+
+    def __init__(self):
+        self.builder = StepTablesBuilder(CAP_SEQS, CAP_TOKENS, tables=STEP_SPECS, device="cpu", backend="torch")
+        self.good = [from_lengths([1, 5, 64, 0, 130], first_seq=1), from_lengths([300, 1, 65])]
+        self.objects = [self.builder.build(*tensors_for(b), first_seq=b.first_seq, **_row_kwargs(b)) for b in self.good]
+        self.arena = self.builder.ring.arena.clone()
+
+    def assert_unchanged_and_working(self):
+        assert torch.equal(self.builder.ring.arena, self.arena)
+        assert all(t.is_live for t in self.objects) and self.builder.builds == len(self.good)
+        for b in self.good:  # and it still builds
+            step = self.builder.build(*tensors_for(b), first_seq=b.first_seq, **_row_kwargs(b))
+            assert (
+                step.fla.cu_seqlens.tolist() == reference.chunk_metadata(b.query_start_loc, 64, b.first_seq).cu_seqlens
+            )
+
+
+@SETTINGS
+@given(data=st.data())
+def test_step_builder_refuses_corrupted_steps_and_changes_nothing(data):
+    batch = data.draw(batches(64, max_requests=CAP_SEQS - 2, max_len=300))
+    if len(batch.query_start_loc) - 1 > CAP_SEQS:  # the conv table's whole-batch slice must fit
+        batch = from_lengths([1, 1, 40, 3], first_seq=2)
+    live = LiveSteps()
+    if data.draw(st.booleans()):  # a query_start_loc corruption
+        name, qsl, cpu, kwargs, fragments = _corrupt(batch, data.draw(st.integers(0, len(CORRUPTIONS) - 1)))
+        rows = _row_kwargs(batch)
+        _expect(lambda: live.builder.build(qsl, cpu, **kwargs, **rows), fragments)
+    else:
+        if batch.num_seqs == 0 or batch.query_start_loc[batch.first_seq + 1] == batch.query_start_loc[batch.first_seq]:
+            batch = from_lengths([1, 40, 3], first_seq=1)  # a slice whose first request has new tokens
+        name, corrupt, fragments = ROW_CORRUPTIONS[data.draw(st.integers(0, len(ROW_CORRUPTIONS) - 1))]
+        kwargs = corrupt(_row_kwargs(batch), batch)
+        qsl, cpu = tensors_for(batch)
+        _expect(
+            lambda: live.builder.build(qsl, cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs, **kwargs),
+            fragments,
+        )
+    live.assert_unchanged_and_working()

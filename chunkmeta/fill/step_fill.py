@@ -176,15 +176,23 @@ def _walk_entry(
         row_checkpoint = tl.zeros_like(row_pos)
         if CHECKPOINTS:
             row_checkpoint = tl.load(checkpoint_offsets + first_seq + seq, mask=real_row, other=0)
-        start, end = _row_geometry(row_pos, row_len, row_checkpoint, chunk, SHIFT, CHECKPOINTS)
+        # int64: a chunk's next boundary may lie past int32 when a request ends near 2^31 tokens
+        start, end = _row_geometry(
+            row_pos.to(tl.int64),
+            row_len.to(tl.int64),
+            row_checkpoint.to(tl.int64),
+            chunk.to(tl.int64),
+            SHIFT,
+            CHECKPOINTS,
+        )
         if KIND == 3:  # cu_chunk_seqlens[r + 1] (packed token offsets), seq_idx[r]
             num_tokens = tl.load(qsl + num_seqs) - base
-            chunk_end = tl.where(real_row, row_start - base + end - row_pos, num_tokens)
+            chunk_end = tl.where(real_row, row_start - base + end - row_pos, num_tokens).to(tl.int32)
             tl.store((arena + OFF0).to(tl.pointer_type(tl.int32)) + 1 + rows, chunk_end, mask=in_table)
             tl.store((arena + OFF1).to(tl.pointer_type(tl.int32)) + rows, tl.where(real_row, seq, PAD0), mask=in_table)
         else:  # SGLang's logical chunks: the physical chunk and the offset in it of the first token
-            chunk_index = tl.where(real_row, start >> SHIFT, PAD0)
-            chunk_offset = tl.where(real_row, start & ((1 << SHIFT) - 1), PAD1)
+            chunk_index = tl.where(real_row, start >> SHIFT, PAD0).to(tl.int32)
+            chunk_offset = tl.where(real_row, start & ((1 << SHIFT) - 1), PAD1).to(tl.int32)
             tl.store((arena + OFF0).to(tl.pointer_type(tl.int32)) + rows, chunk_index, mask=in_table)
             tl.store((arena + OFF1).to(tl.pointer_type(tl.int32)) + rows, chunk_offset, mask=in_table)
 

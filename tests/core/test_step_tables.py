@@ -395,3 +395,13 @@ def test_graph_mode_bad_input_stages_nothing():
         graph.replay(q, num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c * 0)
     with pytest.raises(ChunkMetaError, match="num_computed_tokens must be"):
         StepGraphBuild(builder, qsl_static)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_positions_near_int32(backend):
+    """A request whose cached prefix ends just below 2^31 tokens: its chunks' next boundaries lie
+    past int32 (the fills compute them in int64)."""
+    builder = builder_for(backend, "b")
+    qsl, computed = [0, 5, 9], [2**31 - 10, 2**31 - 100]
+    tables = build(builder, qsl, 0, 2, computed, [0, 0])
+    assert_step_tables(tables, builder, qsl, 0, 2, computed, [0, 0])

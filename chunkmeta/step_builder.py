@@ -104,9 +104,9 @@ class StepTablesBuilder:
     @property
     def c_build(self) -> dict[tuple, str | None]:
         """What the C build does per ``(padded, input dtypes)`` after that layout's first build:
-        ``"launch"`` (the host side and the launch, one C call), ``"host"`` (the host side; the fill
-        launches from Python), or None (the general path)."""
-        return {key: (("launch" if made[1] else "host") if made else None) for key, made in self._steps.items()}
+        ``"cuda"`` / ``"triton"`` (the host side and the launch of that kernel, one C call),
+        ``"host"`` (the host side; the fill launches from Python), or None (the general path)."""
+        return {key: ((made[1] or "host") if made else None) for key, made in self._steps.items()}
 
     # -- build ------------------------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class StepTablesBuilder:
         steps = self._steps.get(key)
         if not steps:
             return None
-        capsule, launches = steps
+        capsule, launches = steps  # launches: the kernel's name, or None (the host side only)
         if launches and torch._C._cuda_getDevice() != self._device_index:
             return None
         slot, generation = self.ring.claim()
@@ -275,13 +275,20 @@ class StepTablesBuilder:
             self._steps[key] = False
             return
         padded = key[0]
-        function, num_warps, shared, block_rows = 0, 1, 0, 1
+        # the kernels it may launch, best first: the CUDA C step fill (when NVRTC compiles it),
+        # then the Triton kernel the first build compiled
+        candidates = []
         fill = self._fills.get(padded)
         if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:
+            from chunkmeta.fill.cuda_fill import CudaStepFill
+
+            cuda = CudaStepFill(entries=self.layout.entries, block_seqs=self.capacity.seqs, padded=padded)
+            kernel = cuda.kernel(key[1:], self.device)
+            if kernel is not None:
+                candidates.append(("cuda", *kernel, cuda.block_rows))
             kernel = fill.plain_kernel(key[1:])
             if kernel is not None:
-                function, num_warps, shared = kernel
-                block_rows = fill.block_rows
+                candidates.append(("triton", *kernel, fill.block_rows))
         entries = [
             (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
             for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
@@ -291,12 +298,17 @@ class StepTablesBuilder:
             for name, e in zip(self.layout.owners, self.layout.entries, strict=True)
         ]
         arenas = [self.ring.pointer(k) for k in range(self.ring.depth)]
-        args = (block_rows, num_warps, shared, self.capacity.seqs, self.capacity.tokens, int(padded), entries, arenas)
-        made = self._native.make_steps(function, *args, cu_hosts)
-        launches = made is not None and function != 0
-        if made is None and function:  # a kernel whose parameters the C build does not pack
-            made = self._native.make_steps(0, *args, cu_hosts)
-        self._steps[key] = (made, launches) if made is not None else False
+        cap = self.capacity
+        for name, function, num_warps, shared, block_rows in candidates:
+            made = self._native.make_steps(
+                function, block_rows, num_warps, shared, cap.seqs, cap.tokens, int(padded), entries, arenas, cu_hosts
+            )
+            if made is not None:
+                self._steps[key] = (made, name)
+                return
+        # the host side only (the fill launches from Python): the torch fill, or no kernel the C build packs
+        made = self._native.make_steps(0, 1, 1, 0, cap.seqs, cap.tokens, int(padded), entries, arenas, cu_hosts)
+        self._steps[key] = (made, None) if made is not None else False
 
     # -- plan --------------------------------------------------------------------------------
 

@@ -131,6 +131,64 @@ class CudaFill:
         launch(function, max(cdiv(args[7], self.block_rows), 1), self.threads, stream, args[:5], args[5:])
 
 
+STEP_SOURCE = "step_fill.cu"
+STEP_ENTRY = b"step_tables_fill"
+
+
+class CudaStepFill:
+    """The CUDA C step fill (``chunkmeta/csrc/step_fill.cu``) for one step builder's entries and
+    layout: ``chunkmeta.fill.step_fill.step_tables_kernel``'s twin, with its parameters, launched
+    by ``chunkmeta.native``'s step build. Compiled once per process and shape on the first
+    ``kernel()`` call for a triple of input dtypes."""
+
+    def __init__(self, *, entries, block_seqs: int, padded: bool, params_on_device: bool = False):
+        lanes = max(next_pow2(block_seqs), 32)
+        self.threads = min(lanes, 256 if lanes <= 1024 else 512)
+        self.seq_lanes = lanes
+        # the Triton step kernel's rows per program (chunkmeta.fill.step_fill.StepFill), a multiple of threads
+        self.block_rows = cdiv(max(256 if lanes <= 512 else 512, lanes // 8), self.threads) * self.threads
+        table = ",".join("{" + ",".join(str(int(v)) for v in entry) + "}" for entry in entries)
+        self.defines = (
+            ("SEQ_LANES", self.seq_lanes),
+            ("THREADS", self.threads),
+            ("BLOCK_ROWS", self.block_rows),
+            ("PADDED", int(padded)),
+            ("PARAMS_ON_DEVICE", int(params_on_device)),
+            ("NUM_ENTRIES", len(entries)),
+            ("ENTRIES", table),
+        )
+
+    def source(self, dtypes) -> bytes:
+        """The translation unit: the element types and constants as ``#define``s, then the kernel."""
+        names = ("QSL_T", "COMP_T", "CKPT_T")
+        head = "".join(f"#define {name} {qsl_type(dtype)}\n" for name, dtype in zip(names, dtypes, strict=True))
+        head += "".join(f"#define {name} {value}\n" for name, value in self.defines)
+        return (head + jit.source(STEP_SOURCE)).encode()
+
+    def kernel(self, dtypes, device: torch.device) -> tuple[int, int, int] | None:
+        """``(CUfunction, num_warps, dynamic shared bytes)`` for inputs of ``dtypes`` on ``device``,
+        as ``chunkmeta.native.make_steps`` takes it; None when it cannot be had."""
+        if (
+            not jit.enabled(SWITCH)
+            or device.type != "cuda"
+            or self.seq_lanes > _MAX_SEQ_LANES
+            or any(dtype not in (torch.int32, torch.int64) for dtype in dtypes)
+        ):
+            return None
+        key = (device.index, "step", tuple(dtypes), self.defines)
+        function = _modules.get(key)
+        if function is None:
+            try:
+                image = compile_step_cubin(self.source(dtypes), torch.cuda.get_device_capability(device))
+                function = load_function(image, device, STEP_ENTRY)
+            except Exception as exc:  # noqa: BLE001 -- any failure: the Triton step kernel
+                why = str(exc) if isinstance(exc, jit.Unavailable) else f"{type(exc).__name__}: {exc}"
+                jit.unavailable(SWITCH, "the CUDA C fill is off (the C build launches the Triton kernel)", why)
+                function = 0
+            _modules[key] = function
+        return (function, self.threads // 32, 0) if function else None
+
+
 def qsl_type(dtype: torch.dtype) -> str:
     """``QSL_T``: the C type of ``query_start_loc``'s elements."""
     return "long long" if dtype == torch.int64 else "int"
@@ -160,6 +218,11 @@ def compile_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
     """A translation unit of ``_source``'s, compiled by NVRTC for ``capability`` (sm_XY), with
     ``chunk_fill.h`` as its header (``chunkmeta.jit.cubin``: cached on disk)."""
     return jit.cubin(source, capability, {HEADER: jit.source(HEADER)})
+
+
+def compile_step_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
+    """A ``CudaStepFill.source`` compiled by NVRTC for ``capability`` (cached on disk)."""
+    return jit.cubin(source, capability, {}, program="step_tables_fill.cu")
 
 
 # -- the driver, through ctypes (one-time work per kernel shape) ---------------------------

@@ -10,6 +10,7 @@ from checks import assert_exact, assert_step_tables, cuda_activity, no_sync
 from chunkmeta import StepTablesBuilder, build_chunk_metadata, reference
 from chunkmeta import tables as T
 from chunkmeta.workloads import Batch
+from strategies import random_step
 
 pytestmark = pytest.mark.gpu
 
@@ -21,33 +22,6 @@ TABLE_SETS = {
     "mamba2_sglang": {"sglang": T.SglangMamba2(chunk_size=64), "conv": T.Conv(rows="prefill", paired=True)},
 }
 MAX_SEQS, MAX_TOKENS = 256, 16384
-
-
-def random_step(rng, max_seqs=MAX_SEQS, max_tokens=MAX_TOKENS):
-    """A decode-first step: decodes, then prefills with lengths of every kind (0, 1, around
-    chunk multiples, long), computed tokens (0, chunk-aligned, any) and checkpoint offsets."""
-    decodes = int(rng.integers(0, max(1, max_seqs // 4)))
-    prefills = int(rng.integers(0, max_seqs - decodes + 1))
-    budget = max_tokens - decodes
-    kinds = rng.integers(0, 4, size=prefills)
-    lengths = np.where(
-        kinds == 0,
-        rng.integers(0, 2, size=prefills),
-        np.where(kinds == 1, 64 * rng.integers(1, 8, size=prefills) + rng.integers(-1, 2, size=prefills), 0),
-    )
-    lengths = np.where(kinds >= 2, rng.integers(0, max(1, 2 * budget // max(1, prefills)), size=prefills), lengths)
-    lengths = np.maximum(lengths, 0)
-    while lengths.sum() > budget:
-        lengths //= 2
-    all_lengths = [1] * decodes + lengths.tolist()
-    qsl = [0, *np.cumsum(all_lengths).tolist()]
-    rows = len(all_lengths)
-    computed = np.where(
-        rng.integers(0, 3, size=rows) == 0, 256 * rng.integers(0, 8, size=rows), rng.integers(0, 5000, size=rows)
-    )
-    computed = np.where(rng.integers(0, 4, size=rows) == 0, 0, computed).tolist()
-    checkpoints = [int(rng.integers(0, n + 1)) if n and rng.integers(0, 3) == 0 else 0 for n in all_lengths]
-    return qsl, decodes, prefills, computed, checkpoints
 
 
 def cuda_step(qsl, computed, checkpoints, dtype=torch.int32):
@@ -78,17 +52,27 @@ def build(builder, inputs, first, n, padded=False):
     )
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
 @pytest.mark.parametrize("table_set", list(TABLE_SETS))
-def test_thousands_of_random_steps(table_set, backend):
-    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda", backend=backend)
+def test_thousands_of_random_steps(table_set, backend, monkeypatch):
+    """cuda / triton: the kernel the C build launches after a layout's first build (the CUDA C
+    step fill, or with CHUNKMETA_CUDA_FILL=0 the Triton kernel); torch: the torch fill."""
+    from chunkmeta.fill import cuda_fill
+
+    if backend == "cuda" and cuda_fill.nvrtc_version() is None:
+        pytest.skip("no NVRTC here: the C build launches the Triton kernel")
+    monkeypatch.setenv("CHUNKMETA_CUDA_FILL", "1" if backend == "cuda" else "0")
+    fill = "torch" if backend == "torch" else "triton"
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda", backend=fill)
     rng = np.random.default_rng(hash(table_set) % 1000)
-    steps = 2000 if backend == "triton" else 200
+    steps = 200 if backend == "torch" else 2000
     for i in range(steps):
-        qsl, first, n, computed, checkpoints = random_step(rng)
+        qsl, first, n, computed, checkpoints = random_step(rng, MAX_SEQS, MAX_TOKENS)
         inputs = cuda_step(qsl, computed, checkpoints, torch.int64 if i % 5 == 0 else torch.int32)
         tables = build(builder, inputs, first, n, padded=i % 7 == 0)
         assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    if backend != "torch":
+        assert set(builder.c_build.values()) == {backend}, builder.c_build
 
 
 def test_large_steps():
@@ -106,7 +90,7 @@ def test_large_steps():
 def test_builds_do_not_sync_and_are_one_kernel_no_copies(table_set):
     builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=TABLE_SETS[table_set], device="cuda")
     rng = np.random.default_rng(3)
-    steps = [random_step(rng) for _ in range(50)]
+    steps = [random_step(rng, MAX_SEQS, MAX_TOKENS) for _ in range(50)]
     inputs = [cuda_step(qsl, c, k) for qsl, _, _, c, k in steps]
     for padded in (False, True):  # compile outside
         build(builder, inputs[0], steps[0][1], steps[0][2], padded)
@@ -121,18 +105,22 @@ def test_builds_do_not_sync_and_are_one_kernel_no_copies(table_set):
     with no_sync():
         for step, step_inputs in zip(steps, inputs, strict=True):
             build(builder, step_inputs, step[1], step[2], padded=False)
-    # every layout's host side and launch run in one C call (chunkmeta.native)
-    assert set(builder.c_build.values()) == {"launch"}, builder.c_build
+    # every layout's host side and launch run in one C call (chunkmeta.native), launching the
+    # CUDA C step fill wherever NVRTC compiles it
+    from chunkmeta.fill import cuda_fill
+
+    expected = "cuda" if cuda_fill.nvrtc_version() is not None else "triton"
+    assert set(builder.c_build.values()) == {expected}, builder.c_build
     qsl, first, n, _, _ = steps[1]
     for padded in (False, True):
         kernels, copies = cuda_activity(lambda padded=padded: build(builder, inputs[1], first, n, padded))
-        assert len(kernels) == 1 and "step_tables_kernel" in kernels[0], kernels
+        assert len(kernels) == 1 and ("step_tables_fill" if expected == "cuda" else "step_tables_kernel") in kernels[0]
         assert copies == [], copies
 
 
 def test_one_shot_exact_no_sync_one_kernel():
     rng = np.random.default_rng(11)
-    steps = [random_step(rng) for _ in range(300)]
+    steps = [random_step(rng, MAX_SEQS, MAX_TOKENS) for _ in range(300)]
     for qsl, first, _n, _, _ in steps[:5]:  # compile the buckets outside
         build_chunk_metadata(torch.tensor(qsl, dtype=torch.int32).cuda(), torch.tensor(qsl), first_seq=first)
     for i, (qsl, first, n, _, _) in enumerate(steps):
@@ -175,7 +163,7 @@ def test_graph_capture_once_replay_many_steps(table_set):
     graph.capture()
     rng = np.random.default_rng(21)
     for i in range(300):
-        qsl, first, n, computed, checkpoints = random_step(rng)
+        qsl, first, n, computed, checkpoints = random_step(rng, MAX_SEQS, MAX_TOKENS)
         host = [torch.tensor(v, dtype=torch.int32) for v in (qsl, computed, checkpoints)]
         # the engine's part: its static buffers updated in place on the stream, before the replay
         qsl_static[: len(qsl)].copy_(host[0], non_blocking=True)

@@ -115,3 +115,30 @@ def test_cuda_fill_compiles_for_sm90():
             for qsl_t in ("int", "long long"):
                 cubin = cuda_fill.compile_cubin(cuda_fill._source(qsl_t, fill.defines), (9, 0))
                 assert cubin[:4] == b"\x7fELF", shape
+
+
+def test_cuda_step_fill_compiles_for_sm90():
+    """The CUDA C step fill, by NVRTC, at three capacities, every layout and input dtype mix."""
+    import torch
+
+    from chunkmeta import tables
+    from chunkmeta.fill import cuda_fill
+
+    if cuda_fill.nvrtc_version() is None:
+        cannot_compile("no NVRTC here (make test-triton-compat installs it)")
+    specs = {
+        "fla": tables.Fla(64),
+        "fla_batch": tables.Fla(64, rows="batch", offsets_dtype=torch.int32),
+        "conv": tables.Conv(),
+        "mamba2": tables.Mamba2(chunk_size=256, checkpoints=True),
+        "sglang": tables.SglangMamba2(chunk_size=64),
+    }
+    for capacity in (1, 1024, 4096):
+        entries = tables.slot_layout(specs, capacity, 65536, "tail").entries
+        for padded, on_device in ((False, False), (True, False), (True, True)):
+            fill = cuda_fill.CudaStepFill(
+                entries=entries, block_seqs=capacity, padded=padded, params_on_device=on_device
+            )
+            for dtypes in ((torch.int32,) * 3, (torch.int64, torch.int64, torch.int32)):
+                cubin = cuda_fill.compile_step_cubin(fill.source(dtypes), (9, 0))
+                assert cubin[:4] == b"\x7fELF", (capacity, padded, dtypes)

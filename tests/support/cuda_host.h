@@ -1,6 +1,6 @@
-/* CUDA's built-ins as host code, so that chunkmeta's CUDA C fill (chunkmeta/csrc/chunk_fill.cu,
-   included after this header by cuda_host.cpp) runs on the host, for
-   tests/kernels/test_cuda_fill_host.py: one std::thread per CUDA thread, the blocks of a grid one
+/* CUDA's built-ins as host code, so that chunkmeta's CUDA C fills (chunkmeta/csrc/chunk_fill.cu and
+   step_fill.cu, included after this header by cuda_host.cpp and step_host.cpp) run on the host, for
+   tests/kernels/test_cuda_fill_host.py and test_step_fill_host.py: one std::thread per CUDA thread, the blocks of a grid one
    after another (the same THREADS threads run every block). It provides exactly what that kernel
    uses, with CUDA's meaning:
    - threadIdx / blockIdx / gridDim (x only);
@@ -10,7 +10,8 @@
      the kernel calls both uniformly (every thread, the same number of times), so a block-wide
      exchange through a buffer between two barriers gives each warp's answer;
    - __shared__: a function-local static, one copy for the block that is running;
-   - __global__, __launch_bounds__, __restrict__: nothing.
+   - __global__, __device__, __forceinline__, __launch_bounds__, __restrict__: nothing (inline);
+   - min / max: std's.
    The main program (cuda_host_main.h) reads cases from stdin and prints the three tables. */
 #include <algorithm>
 #include <barrier>
@@ -47,7 +48,10 @@ static inline int __shfl_sync(unsigned, int value, int source_lane) {
 }
 
 #define __global__
+#define __device__
+#define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define __restrict__
 #define __shared__ static
+using std::max;
 using std::min;

@@ -1,5 +1,6 @@
 """Hypothesis strategies for engine-like batches (shared by the test modules)."""
 
+import numpy as np
 from hypothesis import strategies as st
 
 from chunkmeta.workloads import Batch, from_lengths
@@ -50,3 +51,30 @@ def host_offsets(draw, max_seqs: int = 80):
             value = min(int(info.max), max(int(info.min), value + draw(st.integers(-3, 300))))
         values.append(value)
     return np.array(values, dtype=dtype)
+
+
+def random_step(rng, max_seqs: int, max_tokens: int):
+    """A decode-first step: decodes, then prefills with lengths of every kind (0, 1, around
+    chunk multiples, long), computed tokens (0, chunk-aligned, any) and checkpoint offsets."""
+    decodes = int(rng.integers(0, max(1, max_seqs // 4)))
+    prefills = int(rng.integers(0, max_seqs - decodes + 1))
+    budget = max_tokens - decodes
+    kinds = rng.integers(0, 4, size=prefills)
+    lengths = np.where(
+        kinds == 0,
+        rng.integers(0, 2, size=prefills),
+        np.where(kinds == 1, 64 * rng.integers(1, 8, size=prefills) + rng.integers(-1, 2, size=prefills), 0),
+    )
+    lengths = np.where(kinds >= 2, rng.integers(0, max(1, 2 * budget // max(1, prefills)), size=prefills), lengths)
+    lengths = np.maximum(lengths, 0)
+    while lengths.sum() > budget:
+        lengths //= 2
+    all_lengths = [1] * decodes + lengths.tolist()
+    qsl = [0, *np.cumsum(all_lengths).tolist()]
+    rows = len(all_lengths)
+    computed = np.where(
+        rng.integers(0, 3, size=rows) == 0, 256 * rng.integers(0, 8, size=rows), rng.integers(0, 5000, size=rows)
+    )
+    computed = np.where(rng.integers(0, 4, size=rows) == 0, 0, computed).tolist()
+    checkpoints = [int(rng.integers(0, n + 1)) if n and rng.integers(0, 3) == 0 else 0 for n in all_lengths]
+    return qsl, decodes, prefills, computed, checkpoints

@@ -1,0 +1,225 @@
+/* chunkmeta's CUDA C step fill: every table of one step (chunkmeta.tables entries) in one launch,
+   the CUDA C twin of chunkmeta.fill.step_fill.step_tables_kernel, with its parameters in its order
+   (so chunkmeta.native's step build launches either). Compiled at run time by NVRTC
+   (chunkmeta.fill.cuda_fill.CudaStepFill) with these constants as #defines:
+     QSL_T, COMP_T, CKPT_T  element types of query_start_loc, num_computed_tokens, checkpoint_offsets
+                            (int or long long)
+     SEQ_LANES              a power of two >= every slice's sequences and >= THREADS
+     THREADS, BLOCK_ROWS    threads per program (a multiple of 32), rows per program (a multiple)
+     PADDED                 1: the capacity-shaped layout (rows and sequences past the real ones pad)
+     PARAMS_ON_DEVICE       1: the slices from step_params (graph mode)
+     NUM_ENTRIES, ENTRIES   the entries, as chunkmeta.tables.Entry tuples in braces
+
+   Grid: sum_j max(1, cdiv(rows_j, BLOCK_ROWS)) programs; entry j owns the next ones. Each program
+   scans its slice's chunk counts itself (block-wide, in shared memory), finds each row's sequence
+   by binary search over the chunk ends, and stores its share of the per-sequence tables: programs
+   never communicate. Relies on host-validated input: offsets non-decreasing, positions and counts
+   within int32. */
+#define FLA 1
+#define CONV 2
+#define MAMBA2 3
+#define LOGICAL 4
+#define TOKENS 5
+
+/* entry fields (chunkmeta.tables.Entry) */
+#define KIND 0
+#define SHIFT 1
+#define SLICE 2
+#define BASE 3
+#define FLAG 4
+#define OFF0 5
+#define OFF1 6
+#define OFF2 7
+#define OFF3 8
+#define SEQS_PAD 9
+#define PAD0 10
+#define PAD1 11
+
+__device__ constexpr long long entry_table[6][12] = {ENTRIES};
+
+/* chunks of a segment of len tokens at position pos: one per multiple of 2^shift inside it and
+   one at its end; an empty one mid-chunk gets one, on a boundary none */
+__device__ __forceinline__ long long segment_chunks(long long pos, long long len, int shift) {
+  if (len > 0) return ((pos + len - 1) >> shift) - (pos >> shift) + 1;
+  return (pos & ((1LL << shift) - 1)) != 0;
+}
+
+template <int J>
+__device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_loc,
+                                          const COMP_T *__restrict__ computed, const CKPT_T *__restrict__ checkpoints,
+                                          char *__restrict__ arena, int first, int n, int num_rows, int pid,
+                                          int programs, int *ends) {
+  constexpr int kind = (int)entry_table[J][KIND], shift = (int)entry_table[J][SHIFT];
+  constexpr int base_kind = (int)entry_table[J][BASE], flag = (int)entry_table[J][FLAG];
+  constexpr bool split = kind == MAMBA2 && flag;
+  const int tid = threadIdx.x;
+  const QSL_T *q = query_start_loc + first;
+  const long long base = q[0];
+
+  /* per sequence: its chunks, then their inclusive running sum in ends[] (shared) */
+  constexpr int per_thread = SEQ_LANES / THREADS;
+  long long sum = 0;
+  int mine[per_thread];
+#pragma unroll
+  for (int k = 0; k < per_thread; k++) {
+    const int s = tid * per_thread + k;
+    long long count = 0;
+    if (s < n) {
+      const long long start = q[s], len = (long long)q[s + 1] - start;
+      const long long pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : (long long)computed[first + s];
+      const long long cut = split ? (long long)checkpoints[first + s] : 0;
+      count = cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
+                      : segment_chunks(pos, len, shift);
+    }
+    sum += count;
+    mine[k] = (int)sum;
+  }
+  /* the threads' totals scanned across the block: within warps by shuffles, then the warps' */
+  __shared__ int warp_totals[THREADS / 32];
+  const int lane = tid & 31, warp = tid >> 5;
+  int running = (int)sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, running, d);
+    if (lane >= d) running += other;
+  }
+  if (lane == 31) warp_totals[warp] = running;
+  __syncthreads();
+  int before = running - (int)sum, num_chunks = 0;
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; w++) {
+    before += w < warp ? warp_totals[w] : 0;
+    num_chunks += warp_totals[w];
+  }
+#pragma unroll
+  for (int k = 0; k < per_thread; k++) ends[tid * per_thread + k] = before + mine[k];
+  __syncthreads();
+
+  /* per-sequence tables: program pid stores its share of the sequences */
+  const int seqs_out = PADDED ? (int)entry_table[J][SEQS_PAD] : n;
+  const int share = (seqs_out + programs - 1) / programs;
+  const long long num_tokens = (long long)q[n] - base;
+  for (int s = pid * share + tid; s < min(seqs_out, pid * share + share); s += THREADS) {
+    const bool real = s < n;
+    const int end = real ? ends[s] : num_chunks;
+    if (kind == FLA) {
+      int *cu = (int *)(arena + entry_table[J][OFF0]);
+      cu[1 + s] = (int)(real ? (long long)q[s + 1] - base : num_tokens);
+      if (flag)
+        ((long long *)(arena + entry_table[J][OFF2]))[1 + s] = end;
+      else
+        ((int *)(arena + entry_table[J][OFF2]))[1 + s] = end;
+    } else if (kind == MAMBA2) {
+      ((int *)(arena + entry_table[J][OFF2]))[s] = end - 1;
+      if (split) {
+        long long mark = 0;
+        if (real) {
+          const long long cut = (long long)checkpoints[first + s];
+          if (cut > 0) {
+            const long long first_row = s ? ends[s - 1] : 0;
+            mark = first_row + segment_chunks((long long)computed[first + s], cut, shift) - 1;
+          }
+        }
+        ((long long *)(arena + entry_table[J][OFF3]))[s] = mark;
+      }
+    } else if (kind == LOGICAL && flag) {
+      ((char *)(arena + entry_table[J][OFF2]))[s] = real && computed[first + s] > 0;
+    }
+  }
+
+  /* rows: each one's sequence is the number of sequences whose chunks end at or before it */
+  for (int r = pid * BLOCK_ROWS + tid; r < min(num_rows, (pid + 1) * BLOCK_ROWS); r += THREADS) {
+    int seq = 0, chunk = 0;
+    const bool real = r < num_chunks;
+    if (real) {
+      int lo = 0, hi = n; /* the first sequence whose end is past r */
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (ends[mid] <= r)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      seq = lo;
+      chunk = r - (seq ? ends[seq - 1] : 0);
+    }
+    if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs, one 8-byte store */
+      const long long pad0 = entry_table[J][PAD0], pad1 = entry_table[J][PAD1];
+      const long long a = real ? seq : pad0, b = real ? chunk : pad1;
+      ((long long *)(arena + entry_table[J][kind == FLA ? OFF1 : OFF0]))[r] =
+          (long long)(unsigned)(int)a | ((long long)(int)b << 32);
+    } else if (kind == CONV) {
+      ((int *)(arena + entry_table[J][OFF0]))[r] = real ? seq : (int)entry_table[J][PAD0];
+      ((int *)(arena + entry_table[J][OFF1]))[r] = real ? chunk : (int)entry_table[J][PAD1];
+    } else if (kind == TOKENS) {
+      ((int *)(arena + entry_table[J][OFF0]))[r] = real ? seq : (int)entry_table[J][PAD0];
+    } else if (kind == MAMBA2 || kind == LOGICAL) {
+      long long start = 0, stop = 0, row_start = 0, pos = 0;
+      if (real) {
+        row_start = q[seq];
+        long long len = (long long)q[seq + 1] - row_start;
+        pos = base_kind == 1 ? row_start - base : (long long)computed[first + seq];
+        long long seg_pos = pos, seg_len = len, t = chunk;
+        if (split) {
+          const long long cut = (long long)checkpoints[first + seq];
+          if (cut > 0) {
+            const long long first_chunks = segment_chunks(pos, cut, shift);
+            if (t >= first_chunks) {
+              seg_pos = pos + cut;
+              seg_len = len - cut;
+              t -= first_chunks;
+            } else {
+              seg_len = cut;
+            }
+          }
+        }
+        const long long boundary = seg_pos >> shift;
+        start = t == 0 ? seg_pos : (boundary + t) << shift;
+        stop = min((boundary + t + 1) << shift, seg_pos + seg_len);
+      }
+      if (kind == MAMBA2) {
+        ((int *)(arena + entry_table[J][OFF0]))[1 + r] = (int)(real ? row_start - base + stop - pos : num_tokens);
+        ((int *)(arena + entry_table[J][OFF1]))[r] = real ? seq : (int)entry_table[J][PAD0];
+      } else {
+        ((int *)(arena + entry_table[J][OFF0]))[r] = real ? (int)(start >> shift) : (int)entry_table[J][PAD0];
+        ((int *)(arena + entry_table[J][OFF1]))[r] =
+            real ? (int)(start & ((1LL << shift) - 1)) : (int)entry_table[J][PAD1];
+      }
+    }
+  }
+}
+
+/* entry J's program range, then the next entry's */
+template <int J>
+__device__ __forceinline__ void dispatch(const QSL_T *query_start_loc, const COMP_T *computed,
+                                         const CKPT_T *checkpoints, char *arena, int first_seq, int num_seqs,
+                                         int batch_seqs, const int *rows, int start, int *ends) {
+  if constexpr (J < NUM_ENTRIES) {
+    const int programs = max((rows[J] + BLOCK_ROWS - 1) / BLOCK_ROWS, 1);
+    const int pid = (int)blockIdx.x;
+    if (pid >= start && pid < start + programs) {
+      const bool whole = entry_table[J][SLICE] == 1;
+      run_entry<J>(query_start_loc, computed, checkpoints, arena, whole ? 0 : first_seq,
+                   whole ? batch_seqs : num_seqs, rows[J], pid - start, programs, ends);
+      return;
+    }
+    dispatch<J + 1>(query_start_loc, computed, checkpoints, arena, first_seq, num_seqs, batch_seqs, rows,
+                    start + programs, ends);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+step_tables_fill(const QSL_T *__restrict__ query_start_loc, const COMP_T *__restrict__ num_computed_tokens,
+                 const CKPT_T *__restrict__ checkpoint_offsets, char *__restrict__ arena,
+                 const int *__restrict__ step_params, int first_seq, int num_seqs, int batch_seqs, int rows0,
+                 int rows1, int rows2, int rows3, int rows4, int rows5) {
+  __shared__ int ends[SEQ_LANES];
+  if (PARAMS_ON_DEVICE) {
+    first_seq = step_params[0];
+    num_seqs = step_params[1];
+    batch_seqs = step_params[2];
+  }
+  const int rows[6] = {rows0, rows1, rows2, rows3, rows4, rows5};
+  dispatch<0>(query_start_loc, num_computed_tokens, checkpoint_offsets, arena, first_seq, num_seqs, batch_seqs, rows,
+              0, ends);
+}

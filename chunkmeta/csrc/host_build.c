@@ -116,6 +116,22 @@ typedef struct {
   PyObject *padding; /* ChunkMetadata.padding of this layout: None, "tail" or "negative" */
 } Fill;
 
+/* The number of trailing scratch pointers of a kernel whose parameters are `pointers` 8-byte
+   pointers, then int32 scalars up to `count`, then at most MAX_TRAILING 8-byte scratch pointers
+   (cuFuncGetParamInfo); -1 for any other layout or without the driver's entry points. 0 for no
+   kernel (function 0: a host side that launches nothing). */
+static int param_layout(void *function, size_t pointers, size_t count) {
+  if (!function) return 0;
+  if (!launch_kernel || !param_info) return -1;
+  int trailing = 0;
+  for (size_t i = 0;; i++) {
+    size_t offset = 0, size = 0;
+    if (param_info(function, i, &offset, &size) != 0) return i < count ? -1 : trailing;
+    if (size != (i < pointers ? 8u : i < count ? 4u : 8u)) return -1;
+    if (i >= count && ++trailing > MAX_TRAILING) return -1;
+  }
+}
+
 static void free_fill(PyObject *capsule) {
   Fill *f = PyCapsule_GetPointer(capsule, "chunkmeta.fill");
   Py_XDECREF(f->padding);
@@ -153,19 +169,9 @@ static PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t 
     return NULL;
   }
   void *function = (void *)(uintptr_t)a[0];
-  if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
   /* the expected layout: 5 pointers, 5 int32, then only 8-byte (scratch pointer) parameters */
-  int trailing = 0;
-  for (size_t i = 0; function; i++) {
-    size_t offset = 0, size = 0;
-    if (param_info(function, i, &offset, &size) != 0) {
-      if (i < NUM_ARGS) Py_RETURN_NONE;
-      break;
-    }
-    size_t want = i < 5 ? 8 : (i < NUM_ARGS ? 4 : 8);
-    if (size != want) Py_RETURN_NONE;
-    if (i >= NUM_ARGS && ++trailing > MAX_TRAILING) Py_RETURN_NONE;
-  }
+  int trailing = param_layout(function, 5, NUM_ARGS);
+  if (trailing < 0) Py_RETURN_NONE;
   PyObject *slots = PySequence_Fast(args[12], "slots must be a sequence");
   if (!slots) return NULL;
   Py_ssize_t count = PySequence_Fast_GET_SIZE(slots);
@@ -459,18 +465,8 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
   }
   if (int_args(args, 7, 7, a)) return NULL;
   void *function = (void *)(uintptr_t)a[0];
-  if (function && (!launch_kernel || !param_info)) Py_RETURN_NONE;
-  int trailing = 0;
-  for (size_t i = 0; function; i++) {
-    size_t offset = 0, size = 0;
-    if (param_info(function, i, &offset, &size) != 0) {
-      if (i < STEP_ARGS) Py_RETURN_NONE;
-      break;
-    }
-    size_t want = i < 5 ? 8 : (i < STEP_ARGS ? 4 : 8);
-    if (size != want) Py_RETURN_NONE;
-    if (i >= STEP_ARGS && ++trailing > MAX_TRAILING) Py_RETURN_NONE;
-  }
+  int trailing = param_layout(function, 5, STEP_ARGS); /* 5 pointers, 9 int32, then scratch pointers */
+  if (trailing < 0) Py_RETURN_NONE;
   Steps *st = PyMem_Calloc(1, sizeof(Steps));
   if (!st) return PyErr_NoMemory();
   st->function = function;

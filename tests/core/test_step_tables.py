@@ -10,23 +10,10 @@ from hypothesis import strategies as st
 from checks import assert_step_tables
 from chunkmeta import ChunkMetaError, StepTablesBuilder
 from chunkmeta import tables as T
-from strategies import lengths_around
+from strategies import STEP_SPECS, STEP_SPECS_B, lengths_around
 
 MAX_SEQS, MAX_TOKENS = 12, 2048
-# Every kind of entry, with chunk sizes that differ between tables, in two builders (a launch
-# holds six entries)
-SPECS = {
-    "fla": T.Fla(64),
-    "fla_batch": T.Fla(32, rows="batch", offsets_dtype=torch.int32),
-    "conv": T.Conv(),
-    "mamba2": T.Mamba2(chunk_size=32, checkpoints=True),
-    "sglang": T.SglangMamba2(chunk_size=16),
-}
-SPECS_B = {
-    "conv_pairs": T.Conv(rows="prefill", paired=True),
-    "mamba2": T.Mamba2(chunk_size=16),
-    "fla": T.Fla(16, rows="batch"),
-}
+SPECS, SPECS_B = STEP_SPECS, STEP_SPECS_B
 
 
 @st.composite

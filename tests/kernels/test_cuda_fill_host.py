@@ -73,6 +73,12 @@ def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, csrc: 
         SUPPORT / "cuda_host.h",
         SUPPORT / "cuda_host_main.h",
     ]
+    return fill, compile_harness(compiler, flags, inputs)
+
+
+def compile_harness(compiler: list[str], flags: list[str], inputs: list[Path]) -> Path:
+    """A host harness program, built once per compiler, flags and input texts (under the
+    sanitizers where the toolchain has their runtimes), or a skip without C++20's <barrier>."""
     key = hashlib.sha1(repr((compiler, flags, [path.read_bytes() for path in inputs])).encode()).hexdigest()[:16]
     binary = build_dir() / key
     done = subprocess.run([*compiler, *SANITIZE, *flags, "-o", str(binary)], capture_output=True, text=True)
@@ -82,7 +88,7 @@ def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, csrc: 
         if "barrier" in done.stderr and "No such file" in done.stderr:
             pytest.skip(f"{compiler[0]} has no C++20 <barrier>")
         raise AssertionError(done.stderr[-3000:])
-    return fill, binary
+    return binary
 
 
 def run_fill(binary: Path, cases) -> list[tuple[list, list, list]]:

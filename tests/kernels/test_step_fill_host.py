@@ -11,33 +11,19 @@ capacities with one to many sequences per thread. Without a C++20 compiler every
 """
 
 import functools
-import hashlib
 import subprocess
 
 import numpy as np
 import pytest
 import torch
-from test_cuda_fill_host import SANITIZE, SUPPORT, build_dir, cxx
+from test_cuda_fill_host import SUPPORT, compile_harness, cxx
 
 from checks import assert_step_tables
 from chunkmeta import StepTablesBuilder, jit
-from chunkmeta import tables as T
 from chunkmeta.fill import cuda_fill
-from strategies import random_step
+from strategies import STEP_SPECS, STEP_SPECS_B, random_step
 
 HARNESS = SUPPORT / "step_host.cpp"
-SPECS = {
-    "fla": T.Fla(64),
-    "fla_batch": T.Fla(32, rows="batch", offsets_dtype=torch.int32),
-    "conv": T.Conv(),
-    "mamba2": T.Mamba2(chunk_size=32, checkpoints=True),
-    "sglang": T.SglangMamba2(chunk_size=16),
-}
-SPECS_B = {
-    "conv_pairs": T.Conv(rows="prefill", paired=True),
-    "mamba2": T.Mamba2(chunk_size=16),
-    "fla": T.Fla(16, rows="batch"),
-}
 
 
 @functools.cache
@@ -48,16 +34,7 @@ def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str
     defines = [f"-D{name}={value}" for name, value in (*zip(names, types, strict=True), *fill.defines)]
     flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{jit.CSRC}", f"-I{SUPPORT}", *defines, str(HARNESS)]
     inputs = [jit.CSRC / "step_fill.cu", HARNESS, SUPPORT / "cuda_host.h", SUPPORT / "step_host_main.h"]
-    key = hashlib.sha1(repr((compiler, flags, [p.read_bytes() for p in inputs])).encode()).hexdigest()[:16]
-    binary = build_dir() / f"step_{key}"
-    done = subprocess.run([*compiler, *SANITIZE, *flags, "-o", str(binary)], capture_output=True, text=True)
-    if done.returncode:  # a toolchain without the sanitizers' runtimes: plain, still checked
-        done = subprocess.run([*compiler, *flags, "-o", str(binary)], capture_output=True, text=True)
-    if done.returncode:
-        if "barrier" in done.stderr and "No such file" in done.stderr:
-            pytest.skip(f"{compiler[0]} has no C++20 <barrier>")
-        raise AssertionError(done.stderr[-3000:])
-    return fill, binary
+    return fill, compile_harness(compiler, flags, inputs)
 
 
 def run_cases(binary, cases) -> list[bytes]:
@@ -72,7 +49,7 @@ def run_cases(binary, cases) -> list[bytes]:
     return [bytes.fromhex(line.split()[1]) if len(line.split()) > 1 else b"" for line in done.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("specs", [SPECS, SPECS_B], ids=["five-kinds", "paired-and-plain"])
+@pytest.mark.parametrize("specs", [STEP_SPECS, STEP_SPECS_B], ids=["five-kinds", "paired-and-plain"])
 @pytest.mark.parametrize("capacity,wide", [(12, False), (300, True)])  # int64 inputs at many sequences per thread
 @pytest.mark.parametrize("padded", [False, True])
 def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):

@@ -55,3 +55,28 @@ static inline int __shfl_sync(unsigned, int value, int source_lane) {
 #define __shared__ static
 using std::max;
 using std::min;
+
+/* Run a kernel over cases on the host: one std::thread per CUDA thread (`threads` of them), for
+   every block of every case in turn (grid(c) blocks; launch(c) runs one block), with a barrier
+   between blocks, so that no thread starts the next block while the block's shared memory is in
+   use. */
+template <typename Cases, typename Grid, typename Launch>
+static void run_blocks(Cases &cases, int threads_per_block, Grid grid_of, Launch launch) {
+  std::barrier<> barrier(threads_per_block);
+  block_barrier = &barrier;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < threads_per_block; t++)
+    threads.emplace_back([&, t] {
+      threadIdx = {(unsigned)t, 0, 0};
+      for (auto &c : cases) {
+        const unsigned grid = grid_of(c);
+        gridDim = {grid, 1, 1};
+        for (unsigned block = 0; block < grid; block++) {
+          blockIdx = {block, 0, 0};
+          launch(c);
+          barrier.arrive_and_wait();
+        }
+      }
+    });
+  for (auto &thread : threads) thread.join();
+}

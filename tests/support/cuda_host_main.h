@@ -33,26 +33,13 @@ int main() {
     c.cu[0] = 0; /* the builder's buffers hold 0 there: the kernel never writes entry 0 */
     c.offsets[0] = 0;
   }
-  /* one thread per CUDA thread, for every block of every case in turn; a barrier between
-     blocks, so that no thread starts the next block while the block's shared memory is in use */
-  std::barrier<> barrier(THREADS);
-  block_barrier = &barrier;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < THREADS; t++)
-    threads.emplace_back([&, t] {
-      threadIdx = {(unsigned)t, 0, 0};
-      for (auto &c : cases) {
-        const unsigned grid = c.num_rows > 0 ? (c.num_rows + BLOCK_ROWS - 1) / BLOCK_ROWS : 1;
-        gridDim = {grid, 1, 1};
-        for (unsigned block = 0; block < grid; block++) {
-          blockIdx = {block, 0, 0};
-          chunk_metadata_fill(c.q.data(), nullptr, c.cu.data(), c.rows.data(), c.offsets.data(), c.first_seq,
-                              c.num_seqs, c.num_rows, c.seqs_out, c.pad_seq);
-          barrier.arrive_and_wait();
-        }
-      }
-    });
-  for (auto &thread : threads) thread.join();
+  run_blocks(
+      cases, THREADS,
+      [](const Case &c) { return c.num_rows > 0 ? (unsigned)(c.num_rows + BLOCK_ROWS - 1) / BLOCK_ROWS : 1u; },
+      [](Case &c) {
+        chunk_metadata_fill(c.q.data(), nullptr, c.cu.data(), c.rows.data(), c.offsets.data(), c.first_seq,
+                            c.num_seqs, c.num_rows, c.seqs_out, c.pad_seq);
+      });
   for (auto &c : cases) {
     printf("CU");
     for (int v : c.cu) printf(" %d", v);

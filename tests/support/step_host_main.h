@@ -42,26 +42,18 @@ int main() {
     if (c.computed.empty()) c.computed.push_back(0); /* an address the kernel never reads */
     if (c.checkpoints.empty()) c.checkpoints.push_back(0);
   }
-  std::barrier<> barrier(THREADS);
-  block_barrier = &barrier;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < THREADS; t++)
-    threads.emplace_back([&, t] {
-      threadIdx = {(unsigned)t, 0, 0};
-      for (auto &c : cases) {
+  run_blocks(
+      cases, THREADS,
+      [](const Case &c) {
         unsigned grid = 0;
         for (int j = 0; j < NUM_ENTRIES; j++) grid += (unsigned)max((c.rows[j] + BLOCK_ROWS - 1) / BLOCK_ROWS, 1);
-        gridDim = {grid, 1, 1};
-        for (unsigned block = 0; block < grid; block++) {
-          blockIdx = {block, 0, 0};
-          step_tables_fill(c.q.data(), c.computed.data(), c.checkpoints.data(), (char *)c.arena.data(), nullptr,
-                           c.first_seq, c.num_seqs, c.batch_seqs, c.rows[0], c.rows[1], c.rows[2], c.rows[3],
-                           c.rows[4], c.rows[5]);
-          barrier.arrive_and_wait();
-        }
-      }
-    });
-  for (auto &thread : threads) thread.join();
+        return grid;
+      },
+      [](Case &c) {
+        step_tables_fill(c.q.data(), c.computed.data(), c.checkpoints.data(), (char *)c.arena.data(), nullptr,
+                         c.first_seq, c.num_seqs, c.batch_seqs, c.rows[0], c.rows[1], c.rows[2], c.rows[3], c.rows[4],
+                         c.rows[5]);
+      });
   for (auto &c : cases) {
     printf("A ");
     const unsigned char *bytes = (const unsigned char *)c.arena.data();

@@ -1,11 +1,27 @@
 """Hypothesis strategies for engine-like batches (shared by the test modules)."""
 
 import numpy as np
+import torch
 from hypothesis import strategies as st
 
+from chunkmeta import tables
 from chunkmeta.workloads import Batch, from_lengths
 
 CHUNK_SIZES = st.sampled_from([16, 32, 64])
+# Step-table sets with every kind of entry, chunk sizes that differ between tables, in two
+# builders (a launch holds six entries)
+STEP_SPECS = {
+    "fla": tables.Fla(64),
+    "fla_batch": tables.Fla(32, rows="batch", offsets_dtype=torch.int32),
+    "conv": tables.Conv(),
+    "mamba2": tables.Mamba2(chunk_size=32, checkpoints=True),
+    "sglang": tables.SglangMamba2(chunk_size=16),
+}
+STEP_SPECS_B = {
+    "conv_pairs": tables.Conv(rows="prefill", paired=True),
+    "mamba2": tables.Mamba2(chunk_size=16),
+    "fla": tables.Fla(16, rows="batch"),
+}
 
 
 @st.composite

@@ -470,21 +470,15 @@ def build_chunk_metadata(
     widest = _plan.Capacity(_plan.MAX_NUM_SEQS, _plan.INT32_MAX - chunk_size, _plan.INT32_MAX // chunk_size)
     step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest, _plan.host_address(host))
     n, nt = step.num_seqs, step.num_chunks
-    # one allocation, in int64 words: chunk_offsets [N+1] | cu_seqlens int32 [N+1] | chunk_indices [NT, 2]
-    cu_words = -(-(n + 1) // 2)
-    index_words = nt if indices_dtype == torch.int32 else 2 * nt
-    allocate = torch.empty if backend == "triton" else torch.zeros  # the torch fill skips entry 0
-    words = allocate(n + 1 + cu_words + index_words, dtype=torch.int64, device=device)
-    offsets = words[: n + 1]
-    cu = words[n + 1 : n + 1 + cu_words].view(torch.int32)[: n + 1]
-    indices = words[n + 1 + cu_words :].view(indices_dtype).view(nt, 2)
+    # the torch fill skips entry 0 of cu_seqlens / chunk_offsets (the kernel writes it: WRITE_FIRST)
+    offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=backend == "torch")
     cu_cpu = torch.empty(n + 1, dtype=torch.int32)
     _plan.write_host_cu_seqlens(step, cu_cpu.numpy())
     shape = _layout.exact(n, nt)
     if backend == "torch":
         fill_torch(query_start_loc, cu, indices, offsets, step.first_seq, n, chunk_size, shape)
     else:
-        key = (chunk_size, _plan.next_pow2(max(n, 16)), indices_dtype)
+        key = _one_shot_key(chunk_size, n, indices_dtype)
         fill = _ONE_SHOT_FILLS.get(key)
         if fill is None:
             from chunkmeta.fill.triton_fill import TritonFill
@@ -498,9 +492,6 @@ def build_chunk_metadata(
                 indices_dtype=indices_dtype,
             )
         args = (step.first_seq, n, nt, n, 0)
-        c_key = (*key, query_start_loc.dtype)
-        if c_key not in _ONE_SHOT_C and query_start_loc.is_cuda:
-            _ONE_SHOT_C[c_key] = False  # until the JIT launch below compiled the kernel
         if not fill.launch(
             query_start_loc.dtype,
             query_start_loc.data_ptr(),
@@ -511,11 +502,28 @@ def build_chunk_metadata(
             *args,
         ):
             fill(query_start_loc, query_start_loc, cu, indices, offsets, *args)
-        if _ONE_SHOT_C.get(c_key) is False:
+        c_key = (*key, query_start_loc.dtype)
+        if query_start_loc.is_cuda and c_key not in _ONE_SHOT_C:  # the launch above compiled the kernel
             _ONE_SHOT_C[c_key] = _one_shot_capsule(fill, query_start_loc.dtype, chunk_size)
     return ChunkMetadata(
         cu, cu_cpu, indices, offsets, chunk_size, n, step.num_tokens, nt, step.max_seqlen, None, 0, None, 0
     )
+
+
+def _one_shot_key(chunk_size: int, num_seqs: int, indices_dtype) -> tuple:
+    """A one-shot fill's key: its kernel is compiled once per process per power-of-two bucket."""
+    return chunk_size, _plan.next_pow2(max(num_seqs, 16)), indices_dtype
+
+
+def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zeroed: bool):
+    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot, in one allocation of int64
+    words: chunk_offsets ``[N+1]`` | cu_seqlens int32 ``[N+1]`` | chunk_indices ``[NT, 2]``."""
+    cu_words = -(-(num_seqs + 1) // 2)
+    index_words = num_chunks if indices_dtype == torch.int32 else 2 * num_chunks
+    allocate = torch.zeros if zeroed else torch.empty
+    words = allocate(num_seqs + 1 + cu_words + index_words, dtype=torch.int64, device=device)
+    offsets, cu, indices = words.split((num_seqs + 1, cu_words, index_words))
+    return offsets, cu.view(torch.int32)[: num_seqs + 1], indices.view(indices_dtype).view(num_chunks, 2)
 
 
 def _one_shot_capsule(fill, dtype, chunk_size):
@@ -553,19 +561,15 @@ def _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num
     host = _plan.plain_host_tensor(query_start_loc_cpu)
     if (
         host is None
-        or type(query_start_loc) is not torch.Tensor
+        or not _plan.is_plain_device_tensor(query_start_loc, host[1])
         or not query_start_loc.is_cuda
-        or query_start_loc.dtype not in _INT_DTYPES
-        or query_start_loc.dim() != 1
-        or query_start_loc.shape[0] != host[1]
-        or query_start_loc.stride(0) != 1
         or type(chunk_size) is not int
         or type(first_seq) is not int
         or not (num_seqs is None or type(num_seqs) is int)
     ):
         return None
     n = host[1] - 1 - first_seq if num_seqs is None else num_seqs
-    key = (chunk_size, _plan.next_pow2(max(n, 16)), indices_dtype, query_start_loc.dtype)
+    key = (*_one_shot_key(chunk_size, n, indices_dtype), query_start_loc.dtype)
     capsule = _ONE_SHOT_C.get(key)
     device = query_start_loc.get_device()
     if not capsule or n < 0 or torch._C._cuda_getDevice() != device:
@@ -576,13 +580,7 @@ def _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num
     if type(out) is int:
         return None
     n, tokens, nt, longest = out
-    # one allocation, in int64 words: chunk_offsets [N+1] | cu_seqlens int32 [N+1] | chunk_indices [NT, 2]
-    cu_words = -(-(n + 1) // 2)
-    index_words = nt if indices_dtype == torch.int32 else 2 * nt
-    words = torch.empty(n + 1 + cu_words + index_words, dtype=torch.int64, device=query_start_loc.device)
-    offsets, cu, indices = words.split((n + 1, cu_words, index_words))
-    cu = cu.view(torch.int32)[: n + 1]
-    indices = indices.view(indices_dtype).view(nt, 2)
+    offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, query_start_loc.device, zeroed=False)
     err = module.launch_fill(
         capsule,
         query_start_loc.data_ptr(),

@@ -306,18 +306,8 @@ class StepGraphBuild(_StaticGraph):
         self._ints = (0, 0, 0, *layout.rows_pad, *([0] * (MAX_ENTRIES - len(layout.rows_pad))))
         self._c_plan = None  # the C build's host side for this layout (checks, counts, host copies)
         if builder._native is not None:
-            entries = [
-                (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
-                for e, rows in zip(layout.entries, layout.rows_pad, strict=True)
-            ]
-            cu_hosts = [
-                [self._cu_cpu[name].data_ptr() if e.kind == 1 else 0]
-                for name, e in zip(layout.owners, layout.entries, strict=True)
-            ]
-            cap = builder.capacity
-            self._c_plan = builder._native.make_steps(
-                0, 1, 1, 0, cap.seqs, cap.tokens, 1, entries, [self.ring.pointer(0)], cu_hosts
-            )
+            cu_hosts = {name: [t.data_ptr()] for name, t in self._cu_cpu.items()}
+            self._c_plan = builder.native_steps(0, 1, 1, 0, True, [self.ring.pointer(0)], cu_hosts)
         self._graph = None
         self._generation = 0
         self._retired_through = -1
@@ -356,37 +346,12 @@ class StepGraphBuild(_StaticGraph):
     ) -> StepTables:
         """Host side of a step: every check, the host counts and copies, the params copy."""
         builder = self.builder
-        facts = counts = None
-        host = _plan.plain_host_tensor(query_start_loc_cpu)
-        computed = _plan.plain_host_tensor(num_computed_tokens_cpu, 0) if builder.needs_computed else (0, 0, False)
-        checkpoints = _plan.plain_host_tensor(checkpoint_offsets_cpu, 0) if builder.needs_checkpoints else (0, 0, False)
-        if (
-            self._c_plan is not None
-            and host is not None
-            and host[1] <= self.query_start_loc.shape[0]
-            and computed is not None
-            and checkpoints is not None
-            and (not builder.needs_computed or computed[1] == host[1] - 1)
-            and (not builder.needs_checkpoints or checkpoints[1] == host[1] - 1)
-        ):
-            out = builder._native.step(
-                self._c_plan,
-                *host,
-                first_seq,
-                num_seqs,
-                computed[0],
-                computed[2],
-                checkpoints[0],
-                checkpoints[2],
-                0,
-                0,
-                0,
-                0,
-                0,
-            )
-            if type(out) is not int:
-                counts, facts = out[0], StepFacts(*out[1])
-        if facts is None:  # the general path: the precise error, or the step
+        planned = self._plan_c(
+            query_start_loc_cpu, first_seq, num_seqs, num_computed_tokens_cpu, checkpoint_offsets_cpu
+        )
+        if planned is not None:
+            counts, facts = planned
+        else:  # the general path: the precise error, or the step
             array = _plan.host_array(query_start_loc_cpu)
             if array.shape[0] > self.query_start_loc.shape[0]:
                 raise ChunkMetaError(
@@ -402,6 +367,22 @@ class StepGraphBuild(_StaticGraph):
         self._generation += 1
         self._tables = self._results(facts, counts)
         return self._tables
+
+    def _plan_c(self, query_start_loc_cpu, first_seq, num_seqs, computed_cpu, checkpoints_cpu):
+        """``(counts, StepFacts)`` from one C call (checks, counts, host copies), or None where the
+        general path must run (it then raises the precise error, or plans)."""
+        builder = self.builder
+        host = _plan.plain_host_tensor(query_start_loc_cpu)
+        if self._c_plan is None or host is None or host[1] > self.query_start_loc.shape[0]:
+            return None
+        computed = builder.host_rows(computed_cpu, builder.needs_computed, host[1] - 1)
+        checkpoints = builder.host_rows(checkpoints_cpu, builder.needs_checkpoints, host[1] - 1)
+        if computed is None or checkpoints is None:
+            return None
+        rows = (computed[0], computed[2], checkpoints[0], checkpoints[2])
+        # no device pointers, slot 0, no stream: the host side only (launch() is the kernel)
+        out = builder._native.step(self._c_plan, *host, first_seq, num_seqs, *rows, 0, 0, 0, 0, 0)
+        return None if type(out) is int else (out[0], StepFacts(*out[1]))
 
     def replay(self, query_start_loc_cpu, **step) -> StepTables:
         """``prepare()`` then replay the graph from ``capture()``."""

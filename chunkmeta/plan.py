@@ -385,3 +385,16 @@ def plain_host_tensor(tensor, min_len: int = 1):
     ):
         return tensor.data_ptr() or _NOTHING.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
     return None
+
+
+def is_plain_device_tensor(tensor, length: int) -> bool:
+    """A plain tensor the fast paths take without the full checks: int32/int64, 1-D, ``length``
+    entries, contiguous (the caller checks its device). Anything else takes the general path,
+    whose checks (``check_device_tensor``) raise the precise error."""
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.dtype in _INTEGER_DTYPES
+        and tensor.dim() == 1
+        and tensor.shape[0] == length
+        and tensor.stride(0) == 1
+    )

@@ -25,7 +25,7 @@ import torch
 
 from chunkmeta.plan import Capacity
 
-_VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
+VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -101,7 +101,7 @@ class Ring(SlotLedger):
         self._pointers = [tuple(t.data_ptr() for t in slot) for slot in self._slots]
         # Output views, cached by sequence count and by row count (a view costs a microsecond
         # or more to make; steps repeat sequence counts far more often than row counts); each
-        # cache is cleared when it reaches _VIEW_CACHE_LIMIT. The C build reads both dicts.
+        # cache is cleared when it reaches VIEW_CACHE_LIMIT. The C build reads both dicts.
         self.seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
         self.row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
 
@@ -125,13 +125,13 @@ class Ring(SlotLedger):
         cu, indices, offsets, cu_cpu = self._slots[slot]
         seq_views = self.seq_views.get((slot, seqs_out))
         if seq_views is None:
-            if len(self.seq_views) >= _VIEW_CACHE_LIMIT:
+            if len(self.seq_views) >= VIEW_CACHE_LIMIT:
                 self.seq_views.clear()
             seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
             self.seq_views[(slot, seqs_out)] = seq_views
         rows = self.row_views.get((slot, rows_out))
         if rows is None:
-            if len(self.row_views) >= _VIEW_CACHE_LIMIT:
+            if len(self.row_views) >= VIEW_CACHE_LIMIT:
                 self.row_views.clear()
             rows = self.row_views[(slot, rows_out)] = indices[:rows_out]
         return seq_views[0], rows, seq_views[1], seq_views[2]
@@ -173,7 +173,7 @@ class TableRing(SlotLedger):
         key = (slot, offset, count, pairs)
         view = self._views.get(key)
         if view is None:
-            if len(self._views) >= _VIEW_CACHE_LIMIT:
+            if len(self._views) >= VIEW_CACHE_LIMIT:
                 self._views.clear()
             region = self._regions[slot][offset]
             view = region[: 2 * count].view(count, 2) if pairs else region[:count]

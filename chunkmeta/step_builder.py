@@ -24,11 +24,12 @@ from chunkmeta.builder import resolve_backend, resolve_device
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.fill.torch_fill import fill_entry_torch
 from chunkmeta.metadata import ChunkMetadata, ConvBlocks, Mamba2Chunks, SglangMamba2Chunks, StepTables
-from chunkmeta.ring import TableRing
+from chunkmeta.ring import VIEW_CACHE_LIMIT, TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
 _CUDA_STEP_FILL_FIRST_UP_TO = 256  # sequences: see _make_steps
+_NO_ROWS = (0, 0, False)  # a per-request host array no table reads, as the C build takes it
 
 
 class StepTablesBuilder:
@@ -95,6 +96,13 @@ class StepTablesBuilder:
             offsets = tuple(region.offset for region in self.layout.regions[name].values())
             kind = (_tables.Fla, _tables.Conv, _tables.Mamba2, _tables.SglangMamba2).index(type(spec)) + 1
             self._result_plan.append((name, kind, spec, index, offsets, self.layout.rows_pad[index]))
+        # a slice's plan: the builder's sequences and tokens, rows unbounded (each entry has its own)
+        self._slice_capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
+        # each entry's region offsets in the torch fill's order (off0 .. off3), None where unused
+        self._entry_regions = [
+            tuple(None if off == _tables.UNUSED else off for off in (e.off0, e.off1, e.off2, e.off3))
+            for e in self.layout.entries
+        ]
         self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its plain_host_tensor, query_start_loc)
         self._new_metadata = ChunkMetadata if self._native is None else self._native.metadata
 
@@ -199,26 +207,12 @@ class StepTablesBuilder:
                 return None
             self._last_inputs = (qsl_cpu, host, qsl)
         num_requests = host[1] - 1
-        computed_host = checkpoints_host = (0, 0, False)
-        computed_dev = checkpoints_dev = self._dummy
-        if self.needs_computed:
-            computed_host = _plan.plain_host_tensor(computed_cpu, 0)
-            if (
-                computed_host is None
-                or computed_host[1] != num_requests
-                or not self._device_tensor(computed, num_requests)
-            ):
-                return None
-            computed_dev = computed
-        if self.needs_checkpoints:
-            checkpoints_host = _plan.plain_host_tensor(checkpoints_cpu, 0)
-            if (
-                checkpoints_host is None
-                or checkpoints_host[1] != num_requests
-                or not self._device_tensor(checkpoints, num_requests)
-            ):
-                return None
-            checkpoints_dev = checkpoints
+        computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
+        checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
+        computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
+        checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
+        if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
+            return None
         key = (padded, qsl.dtype, computed_dev.dtype, checkpoints_dev.dtype)
         steps = self._steps.get(key)
         if not steps:
@@ -259,14 +253,22 @@ class StepTablesBuilder:
         return result
 
     def _device_tensor(self, tensor, length: int) -> bool:
-        return (
-            type(tensor) is torch.Tensor
-            and tensor.device == self.device
-            and tensor.dtype in _INT_DTYPES
-            and tensor.dim() == 1
-            and tensor.shape[0] == length
-            and tensor.stride(0) == 1
-        )
+        return _plan.is_plain_device_tensor(tensor, length) and tensor.device == self.device
+
+    def host_rows(self, values, wanted: bool, num_requests: int):
+        """``(address, length, is64)`` of a per-request host array for the C build: the empty
+        one where no table reads it, None where the general path must check it."""
+        if not wanted:
+            return _NO_ROWS
+        host = _plan.plain_host_tensor(values, 0)
+        return host if host is not None and host[1] == num_requests else None
+
+    def _device_rows(self, tensor, wanted: bool, num_requests: int):
+        """The device copy of a per-request array for a launch (a dummy where no table reads it),
+        or None where the general path must check it."""
+        if not wanted:
+            return self._dummy
+        return tensor if self._device_tensor(tensor, num_requests) else None
 
     def _make_steps(self, key) -> None:
         """The C build's constants for a layout and input dtypes, after its first build (which
@@ -294,26 +296,35 @@ class StepTablesBuilder:
                 candidates.append(("triton", *kernel, fill.block_rows))
             if self.capacity.seqs > _CUDA_STEP_FILL_FIRST_UP_TO:
                 candidates.reverse()
-        entries = [
-            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
-            for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
-        ]
-        cu_hosts = [
-            [self._cu_cpu[name][k].data_ptr() if e.kind == 1 else 0 for k in range(self.ring.depth)]
-            for name, e in zip(self.layout.owners, self.layout.entries, strict=True)
-        ]
         arenas = [self.ring.pointer(k) for k in range(self.ring.depth)]
-        cap = self.capacity
+        cu_hosts = {name: [t[k].data_ptr() for k in range(self.ring.depth)] for name, t in self._cu_cpu.items()}
         for name, function, num_warps, shared, block_rows in candidates:
-            made = self._native.make_steps(
-                function, block_rows, num_warps, shared, cap.seqs, cap.tokens, int(padded), entries, arenas, cu_hosts
-            )
+            made = self.native_steps(function, block_rows, num_warps, shared, padded, arenas, cu_hosts)
             if made is not None:
                 self._steps[key] = (made, name)
                 return
         # the host side only (the fill launches from Python): the torch fill, or no kernel the C build packs
-        made = self._native.make_steps(0, 1, 1, 0, cap.seqs, cap.tokens, int(padded), entries, arenas, cu_hosts)
+        made = self.native_steps(0, 1, 1, 0, padded, arenas, cu_hosts)
         self._steps[key] = (made, None) if made is not None else False
+
+    def native_steps(self, function: int, block_rows: int, num_warps: int, shared: int, padded: bool, arenas, cu_hosts):
+        """``chunkmeta.native``'s ``make_steps`` for this builder's entries: the C build's constants
+        for slots at ``arenas`` (an address per slot) whose FLA tables' host ``cu_seqlens`` are at
+        ``cu_hosts[name]`` (an address per slot); ``function`` 0: the host side only. None where the
+        kernel's parameters are not the layout it packs."""
+        entries = [
+            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
+            for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
+        ]
+        none = [0] * len(arenas)
+        per_entry = [
+            cu_hosts[name] if e.kind == _tables.FLA else none
+            for name, e in zip(self.layout.owners, self.layout.entries, strict=True)
+        ]
+        cap = self.capacity
+        return self._native.make_steps(
+            function, block_rows, num_warps, shared, cap.seqs, cap.tokens, int(padded), entries, arenas, per_entry
+        )
 
     # -- plan --------------------------------------------------------------------------------
 
@@ -386,31 +397,30 @@ class StepTablesBuilder:
 
     def _plan_slice(self, host, first_seq, num_seqs, address) -> _plan.StepPlan:
         # the checks and sizes of a slice (chunk size 16: the smallest; FLA tables recount)
-        capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
-        return _plan.plan_step(host, first_seq, num_seqs, 16, capacity, address)
+        return _plan.plan_step(host, first_seq, num_seqs, 16, self._slice_capacity, address)
 
     def _counts(self, host, address, step, batch, lengths, computed, checkpoints) -> tuple[int, ...]:
         """Rows of every kernel entry in the exact layout, from host data. Chunks cut from each
         sequence's own start (FLA, conv) are counted by the plan (its compiled pass on large
         batches); chunks cut on positions by numpy."""
         counts = []
-        capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
+        capacity = self._slice_capacity
         for name, entry in zip(self.layout.owners, self.layout.entries, strict=True):
             plan = batch if entry.slice == 1 else step
-            if entry.kind == 5:
+            if entry.kind == _tables.TOKENS:
                 counts.append(plan.num_tokens)
                 continue
-            if entry.base == 0:
+            if entry.base == _tables.BASE_ZERO:
                 counted = _plan.plan_step(host, plan.first_seq, plan.num_seqs, 1 << entry.shift, capacity, address)
                 counts.append(counted.num_chunks)
                 continue
             first, n = plan.first_seq, plan.num_seqs
-            if entry.base == 1:
+            if entry.base == _tables.BASE_PACKED:
                 positions = (plan.segment[:-1] - plan.segment[0]).astype(np.int64)
             else:
                 positions = computed[first : first + n].astype(np.int64)
             chunks = _plan.segment_counts(positions, lengths, entry.shift)
-            if entry.kind == 3 and self.specs[name].checkpoints:
+            if entry.kind == _tables.MAMBA2 and self.specs[name].checkpoints:
                 k = checkpoints[first : first + n].astype(np.int64)
                 split = _plan.segment_counts(positions, k, entry.shift) + _plan.segment_counts(
                     positions + k, lengths - k, entry.shift
@@ -423,12 +433,9 @@ class StepTablesBuilder:
 
     def _launch(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
         if self.backend == "torch":
-            for entry, num_rows in zip(self.layout.entries, rows, strict=True):
+            for entry, offsets, num_rows in zip(self.layout.entries, self._entry_regions, rows, strict=True):
                 first, n = (facts.first_seq, facts.num_seqs) if entry.slice == 0 else (0, facts.batch_seqs)
-                regions = tuple(
-                    self.ring.region(slot, off) if off or i == 0 else None
-                    for i, off in enumerate((entry.off0, entry.off1, entry.off2, entry.off3))
-                )
+                regions = tuple(None if off is None else self.ring.region(slot, off) for off in offsets)
                 fill_entry_torch(entry, query_start_loc, computed, checkpoints, regions, first, n, num_rows, padded)
             return
         fill = self._fills.get(padded)
@@ -451,7 +458,7 @@ class StepTablesBuilder:
         key = (name, slot, count)
         view = self._cu_cpu_views.get(key)
         if view is None:
-            if len(self._cu_cpu_views) >= 16384:
+            if len(self._cu_cpu_views) >= VIEW_CACHE_LIMIT:
                 self._cu_cpu_views.clear()
             view = self._cu_cpu_views[key] = self._cu_cpu[name][slot, :count]
         return view.detach()

@@ -26,6 +26,11 @@ from chunkmeta.errors import ChunkMetaError
 from chunkmeta.plan import check_chunk_size
 
 SLICES = ("prefill", "batch")
+# entry kinds, and where a sequence's chunks are cut: from its own first token (FLA, conv), from
+# its packed position in the slice (SGLang's logical chunks), from its cached prefix (vLLM's Mamba2)
+FLA, CONV, MAMBA2, LOGICAL, TOKENS = 1, 2, 3, 4, 5
+BASE_ZERO, BASE_PACKED, BASE_COMPUTED = 0, 1, 2
+UNUSED = -1  # an entry's region offset that it does not write
 PAD_SLOT_ID = -1  # vLLM's pad value for the conv tables' tails (v1/attention/backends/utils.py:54)
 _ALIGN = 16  # every region starts 16-byte aligned (8-byte pair stores, vector loads)
 
@@ -93,15 +98,15 @@ class Fla:
         shape = _layout.padded(pad, seqs, _fla_rows(tokens, seqs, self.chunk_size))
         return [
             Entry(
-                1,
+                FLA,
                 self.chunk_size.bit_length() - 1,
                 SLICES.index(self.rows),
-                0,
+                BASE_ZERO,
                 int(self.offsets_dtype == torch.int64),
                 regions["cu_seqlens"].offset,
                 regions["chunk_indices"].offset,
                 regions["chunk_offsets"].offset,
-                0,
+                UNUSED,
                 shape.seqs_out,
                 shape.pad_seq,
                 shape.pad_chunk,
@@ -140,9 +145,10 @@ class Conv:
         shift = self.block_m.bit_length() - 1
         if self.paired:
             table = regions["block_table"].offset
-            return [Entry(2, shift, SLICES.index(self.rows), 0, 1, table, 0, 0, 0, 0, -1, 0)]
+            return [Entry(CONV, shift, SLICES.index(self.rows), BASE_ZERO, 1, table, UNUSED, UNUSED, UNUSED, 0, -1, 0)]
         first, second = regions["batch_ptr"].offset, regions["token_chunk_offset_ptr"].offset
-        return [Entry(2, shift, SLICES.index(self.rows), 0, 0, first, second, 0, 0, 0, PAD_SLOT_ID, PAD_SLOT_ID)]
+        slice_ = SLICES.index(self.rows)
+        return [Entry(CONV, shift, slice_, BASE_ZERO, 0, first, second, UNUSED, UNUSED, 0, PAD_SLOT_ID, PAD_SLOT_ID)]
 
 
 def _ssd_rows(tokens: int, seqs: int, chunk_size: int, segments_per_row: int) -> int:
@@ -186,13 +192,13 @@ class Mamba2:
         return [self._rows(seqs, tokens)]
 
     def entries(self, regions: dict[str, Region], seqs: int, tokens: int, pad: str) -> list[Entry]:
-        ckpt = regions["checkpoint_chunk_idx"].offset if self.checkpoints else 0
+        ckpt = regions["checkpoint_chunk_idx"].offset if self.checkpoints else UNUSED
         return [
             Entry(
-                3,
+                MAMBA2,
                 self.chunk_size.bit_length() - 1,
                 0,
-                2,
+                BASE_COMPUTED,
                 int(self.checkpoints),
                 regions["cu_chunk_seqlens"].offset,
                 regions["seq_idx"].offset,
@@ -233,17 +239,17 @@ class SglangMamba2:
 
     def entries(self, regions: dict[str, Region], seqs: int, tokens: int, pad: str) -> list[Entry]:
         return [
-            Entry(5, 0, 0, 0, 0, regions["seq_idx"].offset, 0, 0, 0, 0, -1, 0),
+            Entry(TOKENS, 0, 0, BASE_ZERO, 0, regions["seq_idx"].offset, UNUSED, UNUSED, UNUSED, 0, -1, 0),
             Entry(
-                4,
+                LOGICAL,
                 self.chunk_size.bit_length() - 1,
                 0,
-                1,
+                BASE_PACKED,
                 1,
                 regions["chunk_indices"].offset,
                 regions["chunk_offsets"].offset,
                 regions["has_initial_states"].offset,
-                0,
+                UNUSED,
                 seqs,
                 -1,
                 0,

@@ -61,6 +61,21 @@ static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
   return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
 }
 
+/* A build's slice arguments: first_seq an exact int, num_seqs None (the rest of the batch's
+   `requests` requests) or an exact int >= 0. 0 with *first and *n set, or -1: anything else
+   (a bool or a numpy integer too) takes the general path and its checks. The caller checks the
+   range. */
+static int slice_args(PyObject *first_obj, PyObject *num_obj, int64_t requests, long long *first, long long *n) {
+  if (!PyLong_CheckExact(first_obj) || !(num_obj == Py_None || PyLong_CheckExact(num_obj))) return -1;
+  int overflow = 0;
+  *first = PyLong_AsLongLongAndOverflow(first_obj, &overflow);
+  *n = -1;
+  if (!overflow && num_obj != Py_None) *n = PyLong_AsLongLongAndOverflow(num_obj, &overflow);
+  if (overflow || (num_obj != Py_None && *n < 0)) return -1;
+  if (*n < 0) *n = requests - *first;
+  return 0;
+}
+
 /* The arguments as C integers: 0, or nonzero with a Python error set (TypeError for a wrong
    count or a non-int, OverflowError for a value outside int64). */
 static int int_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, long long *out) {
@@ -356,18 +371,12 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   }
   Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
   if (!f) return NULL;
-  long long a[3], b[4], first_seq, num_seqs = -1;
+  long long a[3], b[4], first_seq, num_seqs;
   if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, b)) return NULL;
-  /* exact ints only (a bool or a numpy integer takes the general path and its checks) */
-  if (!PyLong_CheckExact(args[4]) || !(args[5] == Py_None || PyLong_CheckExact(args[5]))) return PyLong_FromLong(-1);
-  int overflow = 0;
-  first_seq = PyLong_AsLongLongAndOverflow(args[4], &overflow);
-  if (!overflow && args[5] != Py_None) num_seqs = PyLong_AsLongLongAndOverflow(args[5], &overflow);
-  if (overflow || (args[5] != Py_None && num_seqs < 0)) return PyLong_FromLong(-1);
+  if (slice_args(args[4], args[5], a[1] - 1, &first_seq, &num_seqs)) return PyLong_FromLong(-1);
   const char *host = (const char *)(uintptr_t)a[0];
   int64_t requests = a[1] - 1, first = first_seq, n = num_seqs, slot = b[1];
   int is64 = (int)a[2];
-  if (n < 0) n = requests - first;
   /* n is bounded by the capacity before first + n is formed, so the sum cannot overflow */
   if (first < 0 || first > requests || n < 0 || n > f->cap_seqs || first + n > requests || slot < 0 ||
       slot >= f->slots)
@@ -536,17 +545,12 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   }
   Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
   if (!st) return NULL;
-  if (!PyLong_CheckExact(args[4]) || !(args[5] == Py_None || PyLong_CheckExact(args[5]))) return PyLong_FromLong(-1);
-  long long a[3], c[4], d[5];
+  long long a[3], c[4], d[5], first, n;
   if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, c) || int_args(args + 10, 5, 5, d)) return NULL;
-  int overflow = 0;
-  long long first = PyLong_AsLongLongAndOverflow(args[4], &overflow), n = -1;
-  if (!overflow && args[5] != Py_None) n = PyLong_AsLongLongAndOverflow(args[5], &overflow);
-  if (overflow || (args[5] != Py_None && n < 0)) return PyLong_FromLong(-1);
+  if (slice_args(args[4], args[5], a[1] - 1, &first, &n)) return PyLong_FromLong(-1);
   const char *host = (const char *)(uintptr_t)a[0];
   int is64 = (int)a[2];
   int64_t requests = a[1] - 1, slot = d[3];
-  if (n < 0) n = requests - first;
   if (requests < 0 || first < 0 || first > requests || n > st->cap_seqs || first + n > requests || slot < 0 ||
       slot >= st->slots)
     return PyLong_FromLong(-1);
@@ -672,17 +676,12 @@ static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize
     PyErr_SetString(PyExc_TypeError, "oneshot_plan takes 8 arguments");
     return NULL;
   }
-  if (!PyLong_CheckExact(args[3]) || !(args[4] == Py_None || PyLong_CheckExact(args[4]))) return PyLong_FromLong(-1);
-  long long a[3], b[3];
+  long long a[3], b[3], first, n;
   if (int_args(args, 3, 3, a) || int_args(args + 5, 3, 3, b)) return NULL;
-  int overflow = 0;
-  long long first = PyLong_AsLongLongAndOverflow(args[3], &overflow), n = -1;
-  if (!overflow && args[4] != Py_None) n = PyLong_AsLongLongAndOverflow(args[4], &overflow);
-  if (overflow || (args[4] != Py_None && n < 0) || b[0] < 0 || b[0] > 31) return PyLong_FromLong(-1);
+  if (slice_args(args[3], args[4], a[1] - 1, &first, &n) || b[0] < 0 || b[0] > 31) return PyLong_FromLong(-1);
   const char *host = (const char *)(uintptr_t)a[0];
   int is64 = (int)a[2];
   int64_t requests = a[1] - 1;
-  if (n < 0) n = requests - first;
   /* the one-shot's widest sizes (chunkmeta.builder.build_chunk_metadata): 2^16 sequences, int32 tokens */
   if (requests < 0 || first < 0 || first > requests || n > 65536 || first + n > requests || b[2] != n + 1)
     return PyLong_FromLong(-1);

@@ -31,11 +31,6 @@ from chunkmeta.fill.triton_fill import (
 )
 from chunkmeta.plan import next_pow2
 
-# entry kinds (chunkmeta.tables.Entry.kind)
-FLA, CONV, MAMBA2, LOGICAL, TOKENS = 1, 2, 3, 4, 5
-# where a sequence's chunks are cut: from its own first token (FLA, conv), from its packed
-# position in the slice (SGLang's logical chunks), from its cached prefix (vLLM's Mamba2)
-BASE_ZERO, BASE_PACKED, BASE_COMPUTED = 0, 1, 2
 MAX_ENTRIES = 6
 
 

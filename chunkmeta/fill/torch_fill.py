@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from chunkmeta.layout import Layout
+from chunkmeta.tables import BASE_PACKED, BASE_ZERO, CONV, FLA, LOGICAL, MAMBA2, TOKENS
 
 
 def fill_torch(
@@ -77,7 +78,7 @@ def fill_entry_torch(
     kind, shift, _, base_kind, flag, _, _, _, _, seqs_pad, pad0, pad1 = entry
     n = num_seqs
     seqs_out = seqs_pad if padded else n
-    if kind == 1:
+    if kind == FLA:
         cu, indices, offsets = regions[0], regions[1].view(-1, 2), regions[2]
         fill_torch(
             query_start_loc, cu, indices, offsets, first_seq, n, 1 << shift, Layout(seqs_out, num_rows, pad0, pad1)
@@ -86,15 +87,15 @@ def fill_entry_torch(
     device = query_start_loc.device
     segment = query_start_loc[first_seq : first_seq + n + 1].to(torch.int64)
     lengths = segment[1:] - segment[:-1]
-    if base_kind == 0:
+    if base_kind == BASE_ZERO:
         positions = torch.zeros_like(lengths)
-    elif base_kind == 1:
+    elif base_kind == BASE_PACKED:
         positions = segment[:-1] - segment[0]
     else:
         positions = num_computed_tokens[first_seq : first_seq + n].to(torch.int64)
     first_chunks = segment_chunks_torch(positions, lengths, shift)
     counts = first_chunks
-    checkpoints = kind == 3 and flag
+    checkpoints = kind == MAMBA2 and flag
     if checkpoints:
         checkpoint = checkpoint_offsets[first_seq : first_seq + n].to(torch.int64)
         split = checkpoint > 0
@@ -105,7 +106,7 @@ def fill_entry_torch(
     chunk_ends = torch.cumsum(counts, 0)
     num_chunks = chunk_ends[-1:] if n else torch.zeros(1, dtype=torch.int64, device=device)
     tail = seqs_out - n
-    if kind == 3:
+    if kind == MAMBA2:
         last = regions[2]
         last[:n].copy_(chunk_ends - 1)
         last[n:seqs_out].copy_((num_chunks - 1).expand(tail))
@@ -113,7 +114,7 @@ def fill_entry_torch(
             marks = torch.where(split, chunk_ends - counts + first_chunks - 1, 0)
             regions[3][:n].copy_(marks)
             regions[3][n:seqs_out].zero_()
-    if kind == 4 and flag:
+    if kind == LOGICAL and flag:
         regions[2][:n].copy_(num_computed_tokens[first_seq : first_seq + n] > 0)
         regions[2][n:seqs_out].zero_()
     if num_rows == 0:
@@ -125,7 +126,7 @@ def fill_entry_torch(
         chunk = rows - (chunk_ends - counts)[seq]
     else:
         seq = chunk = torch.zeros_like(rows)
-    if kind == 2:
+    if kind == CONV:
         if flag:
             table = regions[0].view(-1, 2)
             table[:num_rows, 0].copy_(torch.where(real, seq, pad0))
@@ -134,7 +135,7 @@ def fill_entry_torch(
             regions[0][:num_rows].copy_(torch.where(real, seq, pad0))
             regions[1][:num_rows].copy_(torch.where(real, chunk, pad1))
         return
-    if kind == 5:
+    if kind == TOKENS:
         regions[0][:num_rows].copy_(torch.where(real, seq, pad0))
         return
     if n == 0:
@@ -157,7 +158,7 @@ def fill_entry_torch(
     boundary = seg_pos >> shift
     start = torch.where(seg_chunk == 0, seg_pos, (boundary + seg_chunk) << shift)
     end = torch.minimum((boundary + seg_chunk + 1) << shift, seg_pos + seg_len)
-    if kind == 3:
+    if kind == MAMBA2:
         num_tokens = segment[-1:] - segment[0]
         regions[0][1 : num_rows + 1].copy_(torch.where(real, row_start + end - row_pos, num_tokens))
         regions[1][:num_rows].copy_(torch.where(real, seq, pad0))

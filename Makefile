@@ -106,7 +106,7 @@ $(SGLANG_STAMP): $(SGLANG_DEPS_STAMP) pyproject.toml
 
 test-sglang: $(SGLANG_STAMP)
 	$(SGLANG_PY) -m pytest -p no:cacheprovider -o addopts="-ra" tests/integrations/sglang/test_sglang_real.py tests/integrations/sglang/test_sglang.py \
-		tests/integrations/sglang/test_sglang_reference_real.py
+		tests/integrations/sglang/test_sglang_reference_real.py tests/integrations/sglang/test_sglang_mamba2_real.py
 
 # Opt-in: the vLLM adapter against the real vLLM (CPU, VLLM_TARGET_DEVICE=cpu). Its own venv,
 # .venv-vllm. Every install is --no-deps with torch==2.13.0 named explicitly: vLLM 0.33.0 pins

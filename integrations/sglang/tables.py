@@ -2,8 +2,10 @@
 
 Layouts (``ForwardTables.layout``)
   ``"exact"``    ``extend_seq_lens_cpu`` is there (SGLang's own test: not None, one entry per row,
-                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows, bit for bit
-                 (``ChunkMetaService.begin_step``).
+                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows, bit for bit, by one
+                 ``StepTablesBuilder`` launch that also writes GDN's causal-conv1d
+                 ``conv_block_table`` (``chunkmeta.tables.Conv(paired=True)``: SGLang's int32
+                 ``[tot, 2]`` ``(row, block)`` pairs), served where SGLang's own rule would build it.
   ``"bounded"``  no trusted host lengths (gpu_only batches, two-batch-overlap children): the host
                  knows N (``batch_size``: ``query_start_loc`` has N+1 entries) and an upper bound
                  T on the tokens (``sizing.token_bound``), not the lengths, so not NT. The core's
@@ -25,13 +27,13 @@ only the token count, which the bounded layout's bound may then exceed: still a 
 from __future__ import annotations
 
 import logging
+import time
 
 import attrs
 import numpy as np
 import torch
 
 from chunkmeta import layout
-from chunkmeta.batch import StepBatch
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.graph import GraphBuild
 from chunkmeta.integrations.fla import FlaRouter, patch_fla
@@ -39,18 +41,22 @@ from chunkmeta.integrations.sglang import sizing
 from chunkmeta.integrations.sglang.routing import Provider
 from chunkmeta.metadata import ChunkMetadata
 from chunkmeta.service import ChunkMetaService
+from chunkmeta.step_builder import StepTablesBuilder
+from chunkmeta.tables import Conv, Fla
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 64  # SGLang's KDA and GDN chunked prefill both use FLA's 64-token chunks
 PAD = "past_end"  # SGLang's padding rows, (0, chunkmeta.layout.PAST_END_CHUNK)
-# Other chunk sizes SGLang's vendored FLA asks prepare_chunk_indices for (GDN's chunk_fwd_o uses
-# BT = min(64, max(16, next_pow2(T)))): served only when every sequence fits one chunk of that size.
+# Other chunk sizes SGLang's vendored FLA asks prepare_chunk_indices for: GDN's chunk_fwd_o uses
+# BT = min(64, max(16, next_pow2(T))), T the tokens it is given, so BT < 64 only when T < 64 and then
+# BT >= T >= every sequence's length: each non-empty sequence is one chunk at BT and at 64, and the
+# 64-token tables are BT's too (``ForwardTables.with_chunk_size``). That holds for every T.
 SMALL_CHUNK_SIZES = (32, 16)
 ACTIVE_DEVICES = ("cuda", "cpu")  # NPU/XPU backends run other kernels: stay out of their way
 
 
-def _logical_mode(forward_batch):
+def logical_mode(forward_batch):
     """The forward mode of the rows: 0.5.23's DP padding may relabel a decode batch EXTEND
     (``logical_forward_mode`` says DECODE then); the rows are still decodes."""
     mode = getattr(forward_batch, "logical_forward_mode", None)
@@ -63,7 +69,7 @@ def needs_chunk_tables(mode) -> bool:
     Read through SGLang's helpers, never enum values (their numbers moved between releases). EXTEND,
     MIXED (running decodes are one-token extends appended at the end: every row is a prefill row),
     SPLIT_PREFILL, DLLM_EXTEND and draft extends get tables; DECODE, IDLE, TARGET_VERIFY and a
-    decode batch relabelled EXTEND by DP padding (see ``_logical_mode``) get none.
+    decode batch relabelled EXTEND by DP padding (see ``logical_mode``) get none.
     """
     if mode is None or mode.is_decode_or_idle() or mode.is_target_verify():
         return False
@@ -71,6 +77,18 @@ def needs_chunk_tables(mode) -> bool:
         return bool(mode.is_extend(include_draft_extend_v2=True))
     except TypeError:  # a ForwardMode without the flag
         return bool(mode.is_extend())
+
+
+def fallback(counts: dict, warned: set, key: str, what: str) -> None:
+    """Count a forward left to SGLang's own code and say so once per reason, with the fix."""
+    counts["fallback"] += 1
+    if key not in warned:
+        warned.add(key)
+        logger.warning(
+            "chunkmeta: a forward has %s. Size with CHUNKMETA_SGLANG_MAX_NUM_SEQS / CHUNKMETA_SGLANG_MAX_NUM_TOKENS "
+            "if this repeats.",
+            what,
+        )
 
 
 @attrs.frozen(slots=True, eq=False, repr=False)
@@ -147,20 +165,38 @@ class BackendChunkMeta:
     """
 
     def __init__(
-        self, *, device, max_num_seqs: int, max_num_tokens: int, router: FlaRouter | None = None, ring_depth: int = 4
+        self,
+        *,
+        device,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        router: FlaRouter | None = None,
+        ring_depth: int = 4,
+        conv_block_m: int | None = None,
     ):
+        # bounded and graph builds (no host lengths, static buffers)
         self.service = ChunkMetaService(
             max_num_seqs, max_num_tokens, chunk_size=CHUNK_SIZE, device=device, ring_depth=ring_depth
         )
         self.device = self.service.builder.device
         self.capacity = self.service.builder.capacity
+        # exact builds: every table of the forward in one launch
+        specs = {"fla": Fla(CHUNK_SIZE)}
+        if conv_block_m is not None:
+            specs["conv"] = Conv(rows="batch", block_m=conv_block_m, paired=True)
+        self.steps = StepTablesBuilder(max_num_seqs, max_num_tokens, tables=specs, device=device, ring_depth=ring_depth)
+        self._host_qsl_t = torch.zeros(self.capacity.seqs + 1, dtype=torch.int32)
+        self.conv_block_m = conv_block_m
+        self.conv_blocks = None  # this forward's ConvBlocks (GDN, exact builds), or None
+        self.conv_wanted = False  # SGLang would build a conv_block_table for this forward
         self.tables: ForwardTables | None = None
         self.served: dict[int, ForwardTables] = {}
         self._host_qsl = np.zeros(self.capacity.seqs + 1, dtype=np.int64)  # host query_start_loc scratch
         self._graphs: dict[int, tuple[torch.Tensor, _GraphEntry]] = {}
         self._graph_pending: GraphBuild | None = None
         self.eager_depth = 0  # >0 while the base's eager entry runs (it may call the graph hooks)
-        self.counts = {"exact": 0, "bounded": 0, "graph": 0, "none": 0, "fallback": 0, "kwargs": 0}
+        self.counts = {"exact": 0, "bounded": 0, "graph": 0, "none": 0, "fallback": 0, "kwargs": 0, "conv": 0}
+        self._exact_ns: list[int] = []  # host time of the last exact builds
         self._warned: set[str] = set()
         # A builder too large for (0, PAST_END_CHUNK) rows (a sequence could reach that chunk) gets
         # no padded layouts; its forwards without host lengths, and graph extends, keep SGLang's path.
@@ -175,14 +211,22 @@ class BackendChunkMeta:
         self.router = router
 
     @classmethod
-    def for_backend(cls, backend, model_runner, router: FlaRouter | None) -> BackendChunkMeta | None:
+    def for_backend(
+        cls, backend, model_runner, router: FlaRouter | None, conv_block_m: int | None = None
+    ) -> BackendChunkMeta | None:
         """Sized from the runner; None (the backend stays stock) on devices chunkmeta does not serve."""
         device = torch.device(getattr(backend, "device", None) or model_runner.device)
         if device.type not in ACTIVE_DEVICES:
             logger.info("chunkmeta: %s on %s keeps SGLang's own chunk metadata", type(backend).__name__, device)
             return None
         max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
-        return cls(device=device, max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens, router=router)
+        return cls(
+            device=device,
+            max_num_seqs=max_num_seqs,
+            max_num_tokens=max_num_tokens,
+            router=router,
+            conv_block_m=conv_block_m,
+        )
 
     # -- binding -------------------------------------------------------------------------
 
@@ -191,6 +235,7 @@ class BackendChunkMeta:
             self.service.end_step()
         self.tables = None
         self.served = {}
+        self.conv_blocks = None
         self._graph_pending = None
 
     def _bind(self, tables: ForwardTables) -> ForwardTables:
@@ -208,7 +253,7 @@ class BackendChunkMeta:
         """After the base's eager ``init_forward_metadata``: this forward's tables, or None."""
         self.clear()
         qsl = getattr(forward_metadata, "query_start_loc", None)
-        if qsl is None or not needs_chunk_tables(_logical_mode(forward_batch)):
+        if qsl is None or not needs_chunk_tables(logical_mode(forward_batch)):
             self.counts["none"] += 1
             return None
         num_rows = qsl.shape[0] - 1
@@ -226,8 +271,16 @@ class BackendChunkMeta:
             np.cumsum(lens, out=host[1:])
         if host[n] > self.capacity.tokens:
             return self._fallback("tokens", f"{int(host[n])} tokens, over the capacity of {self.capacity.tokens}")
+        host_t = self._host_qsl_t[: n + 1]
+        host_t.numpy()[:] = host
         # All rows are prefill rows (MIXED decodes are one-token extends): the whole batch is the slice.
-        md = self.service.begin_step(StepBatch.all_prefill(qsl, host))
+        start = time.perf_counter_ns()
+        step = self.steps.build(qsl, host_t)
+        self._exact_ns.append(time.perf_counter_ns() - start)
+        if len(self._exact_ns) > 1024:
+            del self._exact_ns[:512]
+        md = step.fla
+        self.conv_blocks = step["conv"] if self.conv_block_m is not None else None
         return self._bind(
             ForwardTables(
                 qsl, md.chunk_indices, md.chunk_offsets, CHUNK_SIZE, "exact", md.num_chunks, md.max_seqlen, md
@@ -254,18 +307,28 @@ class BackendChunkMeta:
             )
         )
 
+    def wants_conv_block_table(self, forward_batch, forward_metadata, *, on_cuda: bool, mis: bool) -> bool:
+        """Whether SGLang's GDN ``_init_prefill_conv_block_table`` would build a table for this
+        forward (host data only): on CUDA, an EXTEND or MIXED batch without multi-item scoring or
+        a two-batch-overlap parent, host lengths for every row, and a rectangular
+        ``(rows, max blocks)`` grid over four times the blocks there are. Where it would not, none
+        is served either: the conv kernel then takes its rectangular grid, as in SGLang."""
+        if self.conv_block_m is None or not on_cuda or mis:
+            return False
+        if getattr(forward_batch.forward_mode, "name", None) not in ("EXTEND", "MIXED"):
+            return False
+        if getattr(forward_batch, "tbo_parent_token_range", None) is not None:
+            return False
+        lens = forward_batch.extend_seq_lens_cpu
+        if lens is None or len(lens) != forward_metadata.query_start_loc.shape[0] - 1 or not len(lens):
+            return False
+        blocks = [-(-int(n) // self.conv_block_m) for n in lens]
+        return len(blocks) * max(blocks) > 4 * sum(blocks)
+
     def _fallback(self, key: str, why: str) -> None:
         # Serving goes on with FLA's own derivation (correct, with its sync): an optimization must
-        # never take the server down. Say so once per reason, with the fix.
-        self.counts["fallback"] += 1
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(
-                "chunkmeta: a forward has %s; FLA derives its chunk tables itself (one sync). Size with "
-                "CHUNKMETA_SGLANG_MAX_NUM_SEQS / CHUNKMETA_SGLANG_MAX_NUM_TOKENS if this repeats.",
-                why,
-            )
-        return None
+        # never take the server down.
+        return fallback(self.counts, self._warned, key, f"{why}; FLA derives its chunk tables itself (one sync)")
 
     # -- graph mode (split hooks) ---------------------------------------------------------
 
@@ -273,7 +336,7 @@ class BackendChunkMeta:
         """Host side of a graph forward, after the base's ``init_forward_metadata_out_graph``."""
         self.clear()
         qsl = getattr(forward_metadata, "query_start_loc", None)
-        if qsl is None or not needs_chunk_tables(_logical_mode(forward_batch)):
+        if qsl is None or not needs_chunk_tables(logical_mode(forward_batch)):
             self.counts["none"] += 1
             return None
         if self._no_padding is not None:
@@ -353,10 +416,13 @@ class BackendChunkMeta:
 
     def stats(self) -> dict:
         """Counters (host data only): forwards per layout, fallbacks, injected calls, router hits
-        and misses (process-wide), and the service's host-time percentiles of exact builds."""
+        and misses (process-wide), and the host-time percentiles of the last exact builds."""
         out = dict(self.counts)
-        service = self.service.stats()
-        out.update(exact_host_us_p50=service.host_us_p50, exact_host_us_p99=service.host_us_p99)
+        if self._exact_ns:
+            p50, p99 = np.percentile(self._exact_ns, [50, 99]) / 1e3
+        else:
+            p50 = p99 = 0.0
+        out.update(exact_host_us_p50=float(p50), exact_host_us_p99=float(p99))
         if self.router is not None:
             out.update(router_hits=self.router.hits, router_misses=self.router.misses)
         return out

@@ -42,8 +42,10 @@ TARGETS = {
         ("srt.layers.attention.linear.gdn_backend", "GDNAttnBackend"),
         ("srt.layers.attention.hybrid_linear_attn_backend", "GDNAttnBackend"),
     ),
+    "mamba2": (("srt.layers.attention.hybrid_linear_attn_backend", "Mamba2AttnBackend"),),
 }
 assert tuple(TARGETS) == KINDS
+OPTIONAL_KINDS = ("mamba2",)  # installed where the release has it; KDA and GDN must be there
 
 _INSTALL_LOCK = threading.Lock()
 _PATCHES: dict[str, plugin.Patches] = {}  # per SGLang package (tests install into stand-ins)
@@ -76,11 +78,12 @@ def _find_target(package: str, kind: str) -> tuple[object, str]:
 
 
 def install(package: str = "sglang") -> dict[str, type]:
-    """Put chunkmeta's KDA and GDN backends where SGLang's backend selection finds them.
+    """Put chunkmeta's KDA, GDN and Mamba2 backends where SGLang's backend selection finds them.
 
     Replaces the backend classes' module attributes (saving SGLang's); idempotent. Backends built
     afterwards in this process use chunkmeta. ``package`` is the SGLang package (tests pass a
-    stand-in). Returns ``{"kda": class, "gdn": class}``.
+    stand-in). Returns ``{"kda": class, "gdn": class, "mamba2": class}`` (no ``"mamba2"`` where the
+    release has no ``Mamba2AttnBackend``).
     """
     with _INSTALL_LOCK:
         try:
@@ -96,10 +99,18 @@ def install(package: str = "sglang") -> dict[str, type]:
         patches = _PATCHES.setdefault(package, plugin.Patches(logger, "SGLang"))
         installed = {}
         for kind in KINDS:
-            module, attr = _find_target(package, kind)
+            try:
+                module, attr = _find_target(package, kind)
+            except ChunkMetaError:
+                if kind not in OPTIONAL_KINDS:
+                    raise
+                logger.info("chunkmeta: %s has no %s backend; it is left as it is", package, kind)
+                continue
             patch = patches.current(module, attr)
             if patch is None:
-                ours = chunkmeta_backend(getattr(module, attr), kind=kind, fla_package=fla_package)
+                ours = chunkmeta_backend(
+                    getattr(module, attr), kind=kind, fla_package=fla_package if kind != "mamba2" else None
+                )
                 patch = patches.apply(module, attr, ours)
                 logger.info(
                     "chunkmeta: %s.%s -> %s (hooks: %s)", module.__name__, attr, ours.__name__, ours.chunkmeta_hooks

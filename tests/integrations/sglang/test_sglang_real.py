@@ -165,9 +165,10 @@ class Pool:
         return indices
 
 
-def backend(kind):
+def backend(kind, **chunkmeta_kwargs):
     """chunkmeta's subclass of SGLang's backend, with the fields its metadata path reads set by
-    hand (its __init__ needs a whole model runner), and chunkmeta attached as __init__ does."""
+    hand (its __init__ needs a whole model runner), and chunkmeta attached as __init__ does
+    (``chunkmeta_kwargs``: more ``BackendChunkMeta`` arguments)."""
     cls = sg.chunkmeta_backend(STOCK[kind], kind=kind, fla_package=FLA)
     obj = object.__new__(cls)
     obj.device, obj.req_to_token_pool, obj.forward_metadata, obj.topk = "cpu", Pool(), None, 0
@@ -176,7 +177,7 @@ def backend(kind):
     dispatcher = kda_backend.KDAKernelDispatcher if kind == "kda" else gdn_backend.GDNKernelDispatcher
     obj.kernel_dispatcher = dispatcher(triton, triton, triton)
     obj.chunkmeta = sg.BackendChunkMeta(
-        device="cpu", max_num_seqs=16, max_num_tokens=4096, router=cls._chunkmeta_router
+        device="cpu", max_num_seqs=16, max_num_tokens=4096, router=cls._chunkmeta_router, **chunkmeta_kwargs
     )
     if cls._chunkmeta_kwargs:
         sg.add_tables_to_dispatcher(obj)

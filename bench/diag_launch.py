@@ -50,10 +50,35 @@ def main():
         builder.ring.pointer(0),
         qsl.data_ptr(),
     )
+    # the C build's parts: its one C call (checks, counts, host copies, the launch), then the
+    # result objects (chunkmeta.results)
+    key = (False, torch.int32, torch.int32, torch.int32)
+    capsule, launches = builder._steps[key]
+    print("step C build launches:", launches)
+    host = builder._last_inputs[1]
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    dummy = builder._dummy.data_ptr()
+    step_args = (capsule, *host, 32, None, 0, False, 0, False, qsl.data_ptr(), dummy, dummy, 1, stream)
+    counts, facts = builder._native.step(*step_args)
+    make_results = builder._results[False]
+    module = builder._native
+    n, nt = 32, 300
+    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
-        "step launch alone": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
+        "step: native.step (host side + launch)": per_call_us(lambda: builder._native.step(*step_args)),
+        "step: result objects": per_call_us(lambda: make_results(1, 7, counts, facts)),
+        "step launch alone (Triton fast launcher)": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
         "one-shot build": per_call_us(lambda: build_chunk_metadata(prefill, prefill_cpu)),
+        "one-shot: its tensors (1 allocation, split, views)": per_call_us(
+            lambda: builder_module._one_shot_tensors(n, nt, torch.int32, qsl.device, zeroed=False)
+        ),
+        "one-shot: host cu_seqlens (torch.empty cpu)": per_call_us(lambda: torch.empty(n + 1, dtype=torch.int32)),
+        "one-shot: oneshot_plan": per_call_us(
+            lambda: module.oneshot_plan(
+                *builder_module._plan.plain_host_tensor(prefill_cpu), 0, None, 6, cu_cpu.data_ptr(), n + 1
+            )
+        ),
         "torch.empty (cuda)": per_call_us(lambda: torch.empty(1000, dtype=torch.int64, device="cuda")),
         "empty Python call": per_call_us(lambda: None),
     }

@@ -57,6 +57,7 @@ KINDS = (
     "pytest_benchmark",
     "demo",
     "step_tables",
+    "sglang_mamba2",
 )
 RECORD_SUFFIX = ".runs.jsonl"
 
@@ -774,7 +775,12 @@ def _render_step_tables(records: list[dict]) -> list[str]:
     out = [
         "## A whole step's tables",
         "",
-        "Host µs p50, queue idle / busy; device µs per call where the method does not sync; methods "
+        (
+            f"Host µs p50, queue idle ({f['calls']} calls back to back) / cold (a round's first call) / busy; "
+            if "calls" in f
+            else "Host µs p50, queue idle / busy (one call each); "
+        )
+        + "device µs per call where the method does not sync; methods "
         f"interleaved round by round, {f['rounds']} rounds (bench/step_tables.py says what each method is). "
         + (
             "vLLM's own functions were measured."
@@ -788,13 +794,22 @@ def _render_step_tables(records: list[dict]) -> list[str]:
         cells = []
         for name in methods:
             m = row["methods"][name]
-            cell = f"{m['host_idle_us']:.1f} / {m['host_busy_us']:.1f}"
+            cold = f" / {m['host_cold_us']:.1f}" if "host_cold_us" in m else ""
+            cell = f"{m['host_idle_us']:.1f}{cold} / {m['host_busy_us']:.1f}"
             if "device_us" in m:
                 cell += f" / {m['device_us']:.2f}"
             cells.append(cell)
         load = f"{row['decodes']} + {row['prefills']} x {row['tokens']}"
-        rows.append([load, *cells, "yes" if row["exact"] else "NO"])
-    return out + _table(["decodes + prefills x tokens", *methods, "exact"], rows)
+        ratios = [
+            f"{row[key]:.1f}x" + (f" / {row[key + '_cold']:.1f}x" if key + "_cold" in row else "")
+            for key in ("ratio_kda_gdn", "ratio_mamba2")
+            if key in row
+        ]
+        rows.append([load, *cells, *ratios, "yes" if row["exact"] else "NO"])
+    ratio_heads = (
+        ["vLLM / chunkmeta KDA-GDN step", "vLLM / chunkmeta Mamba2 step"] if "ratio_kda_gdn" in f["rows"][0] else []
+    )
+    return out + _table(["decodes + prefills x tokens", *methods, *ratio_heads, "exact"], rows)
 
 
 def _render_step_loop(records: list[dict]) -> list[str]:

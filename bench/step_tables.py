@@ -3,9 +3,10 @@
     python bench/step_tables.py --out DIR [--rounds 30]
 
 Per workload (decodes + prefills, tokens; each request has a cached prefix) and method, methods
-interleaved round by round: host µs with the queue idle (single calls back to back) and busy
-(each call behind ~1 ms of queued GPU work: a sync shows as waiting), and device µs per call
-(``chunkmeta.timing.device_us_per_call``) for the methods that do not sync.
+interleaved round by round (``measure``): host µs with the queue idle (calls back to back, as
+``../shared/ANCHORS.md`` measures its anchors), cold (a round's first call, after the other
+methods ran) and busy (a call behind ~1 ms of queued GPU work: a sync shows as waiting), and
+device µs per call (``chunkmeta.timing.device_us_per_call``) for the methods that do not sync.
 
 chunkmeta (one ``StepTablesBuilder.build``, one launch each):
 
@@ -25,7 +26,7 @@ The engines' own functions, called from their packages where they import:
 
 Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``vllm_gdn_fla`` +
 ``vllm_conv1d`` of the batch rows; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
-prefill rows); the ratios printed are engine / chunkmeta host time. Writes its record
+prefill rows); the ratios printed are engine / chunkmeta host time, idle and cold. Writes its record
 (``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
 """
 
@@ -103,12 +104,19 @@ def make_case(decodes, prefills, tokens, seed):
     return qsl_cpu, computed_cpu
 
 
-def measure(methods: dict, rounds: int) -> dict:
+def measure(methods: dict, rounds: int, calls: int) -> dict:
+    """Per method: host µs p50 with the queue idle (``calls`` calls back to back, as
+    ``../shared/ANCHORS.md`` defines it; the first of each block left out), cold (that first
+    call, right after the other methods ran: caches hold their code and data, as in an engine
+    step), and busy (one call behind ~1 ms of queued GPU work). Methods interleaved round by round."""
     idle = {name: [] for name in methods}
+    cold = {name: [] for name in methods}
     busy = {name: [] for name in methods}
     for _ in range(rounds):
         for name, fn in methods.items():
-            idle[name].append(host_us(fn))
+            samples = [host_us(fn) for _ in range(calls)]
+            cold[name].append(samples[0])
+            idle[name].extend(samples[1:])
         for name, fn in methods.items():
             busy_queue(1000.0)
             busy[name].append(host_us(fn))
@@ -117,6 +125,7 @@ def measure(methods: dict, rounds: int) -> dict:
         name: {
             "host_idle_us": median(idle[name]),
             "host_idle_p99_us": percentile(idle[name], 99),
+            "host_cold_us": median(cold[name]),
             "host_busy_us": median(busy[name]),
         }
         for name in methods
@@ -127,6 +136,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=20, help="back-to-back calls per method per round")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     engine, engine_error = engine_methods()
@@ -181,30 +191,41 @@ def main(argv: list[str]) -> int:
             qsl_cpu.tolist(), computed_cpu[decodes:].tolist(), MAMBA_CHUNK, decodes
         )
         exact &= ssd.cu_chunk_seqlens.cpu().tolist() == ref_ssd.cu_chunk_seqlens
-        figures = measure(methods, args.rounds)
+        figures = measure(methods, args.rounds, args.calls)
         for name in ("chunkmeta_kda_gdn", "chunkmeta_mamba2", "chunkmeta_oneshot", "rocm_style", "floor"):
             figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)
         row = {"decodes": decodes, "prefills": prefills, "tokens": tokens, "exact": exact, "methods": figures}
         if engine:
-            kda_step = figures["vllm_gdn_fla"]["host_idle_us"] + figures["vllm_conv1d_batch"]["host_idle_us"]
-            ssd_step = figures["vllm_mamba2"]["host_idle_us"] + figures["vllm_conv1d_prefill"]["host_idle_us"]
-            row["vllm_kda_gdn_step_us"] = kda_step
-            row["vllm_mamba2_step_us"] = ssd_step
-            row["ratio_kda_gdn"] = kda_step / figures["chunkmeta_kda_gdn"]["host_idle_us"]
-            row["ratio_mamba2"] = ssd_step / figures["chunkmeta_mamba2"]["host_idle_us"]
+            for state in ("idle", "cold"):
+                key = f"host_{state}_us"
+                kda_step = figures["vllm_gdn_fla"][key] + figures["vllm_conv1d_batch"][key]
+                ssd_step = figures["vllm_mamba2"][key] + figures["vllm_conv1d_prefill"][key]
+                suffix = "" if state == "idle" else "_cold"
+                row[f"vllm_kda_gdn_step{suffix}_us"] = kda_step
+                row[f"vllm_mamba2_step{suffix}_us"] = ssd_step
+                row[f"ratio_kda_gdn{suffix}"] = kda_step / figures["chunkmeta_kda_gdn"][key]
+                row[f"ratio_mamba2{suffix}"] = ssd_step / figures["chunkmeta_mamba2"][key]
         rows.append(row)
         line = ", ".join(
-            f"{name} {m['host_idle_us']:.1f}/{m['host_busy_us']:.1f}"
+            f"{name} {m['host_idle_us']:.1f}/{m['host_cold_us']:.1f}/{m['host_busy_us']:.1f}"
             + (f" dev {m['device_us']:.2f}" if "device_us" in m else "")
             for name, m in figures.items()
         )
         print(f"[{decodes} decodes + {prefills} prefills, {tokens} tokens] exact={exact}: {line}")
         if engine:
             print(
-                f"    vLLM step host µs: kda/gdn {row['vllm_kda_gdn_step_us']:.1f} ({row['ratio_kda_gdn']:.1f}x "
-                f"chunkmeta), mamba2 {row['vllm_mamba2_step_us']:.1f} ({row['ratio_mamba2']:.1f}x chunkmeta)"
+                f"    vLLM step host µs idle (cold): kda/gdn {row['vllm_kda_gdn_step_us']:.1f} "
+                f"({row['vllm_kda_gdn_step_cold_us']:.1f}), "
+                f"{row['ratio_kda_gdn']:.1f}x ({row['ratio_kda_gdn_cold']:.1f}x) "
+                f"chunkmeta; mamba2 {row['vllm_mamba2_step_us']:.1f} ({row['vllm_mamba2_step_cold_us']:.1f}), "
+                f"{row['ratio_mamba2']:.1f}x ({row['ratio_mamba2_cold']:.1f}x) chunkmeta"
             )
-    figures = {"rounds": args.rounds, "engine_functions": engine is not None, "engine_error": engine_error}
+    figures = {
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "engine_functions": engine is not None,
+        "engine_error": engine_error,
+    }
     figures["rows"] = rows
     runs.save("step_tables", figures, script="bench/step_tables.py", argv=argv, out=args.out)
     return 0

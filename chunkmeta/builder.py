@@ -516,14 +516,18 @@ def _one_shot_key(chunk_size: int, num_seqs: int, indices_dtype) -> tuple:
 
 
 def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zeroed: bool):
-    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot, in one allocation of int64
-    words: chunk_offsets ``[N+1]`` | cu_seqlens int32 ``[N+1]`` | chunk_indices ``[NT, 2]``."""
-    cu_words = -(-(num_seqs + 1) // 2)
-    index_words = num_chunks if indices_dtype == torch.int32 else 2 * num_chunks
+    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot, in one allocation of int32
+    words: chunk_offsets int64 ``[N+1]`` | chunk_indices ``[NT, 2]`` | cu_seqlens int32 ``[N+1]``.
+    In that order every table starts aligned to its dtype, and the split gives each its exact
+    size: four tensor calls in all (each costs about a microsecond of host time)."""
+    words_per_index = 1 if indices_dtype == torch.int32 else 2
     allocate = torch.zeros if zeroed else torch.empty
-    words = allocate(num_seqs + 1 + cu_words + index_words, dtype=torch.int64, device=device)
-    offsets, cu, indices = words.split((num_seqs + 1, cu_words, index_words))
-    return offsets, cu.view(torch.int32)[: num_seqs + 1], indices.view(indices_dtype).view(num_chunks, 2)
+    sizes = (2 * (num_seqs + 1), 2 * num_chunks * words_per_index, num_seqs + 1)
+    words = allocate(sum(sizes), dtype=torch.int32, device=device)
+    offsets, indices, cu = words.split(sizes)
+    if indices_dtype != torch.int32:
+        indices = indices.view(indices_dtype)
+    return offsets.view(torch.int64), cu, indices.view(num_chunks, 2)
 
 
 def _one_shot_capsule(fill, dtype, chunk_size):

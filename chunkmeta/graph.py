@@ -296,9 +296,9 @@ class StepGraphBuild(_StaticGraph):
         layout = builder.layout
         self._computed = num_computed_tokens if builder.needs_computed else builder._dummy
         self._checkpoints = checkpoint_offsets if builder.needs_checkpoints else builder._dummy
-        self.ring = TableRing(1, layout.regions, layout.slot_bytes, device)
-        self._cu_cpu = {name: torch.zeros(builder.capacity.seqs + 2, dtype=torch.int32) for name in builder._cu_cpu}
-        self._cu_cpu_np = {name: t.numpy() for name, t in self._cu_cpu.items()}
+        host = builder.ring.host
+        self.ring = TableRing(1, layout.regions, layout.slot_bytes, device, host, builder.capacity.seqs + 2)
+        self._cu_cpu_np = {name: t[0] for name, t in self.ring.host_np.items()}
         self._staged = ParamsStaging(3, device, staging_depth)
         self._fill = StepFill(
             entries=layout.entries, block_seqs=builder.capacity.seqs, padded=True, params_on_device=True
@@ -306,13 +306,13 @@ class StepGraphBuild(_StaticGraph):
         self._ints = (0, 0, 0, *layout.rows_pad, *([0] * (MAX_ENTRIES - len(layout.rows_pad))))
         self._c_plan = None  # the C build's host side for this layout (checks, counts, host copies)
         if builder._native is not None:
-            cu_hosts = {name: [t.data_ptr()] for name, t in self._cu_cpu.items()}
-            self._c_plan = builder.native_steps(0, 1, 1, 0, True, [self.ring.pointer(0)], cu_hosts)
+            self._c_plan = builder.native_steps(0, 1, 1, 0, True, [self.ring.pointer(0)], self.ring.host_pointers())
         self._graph = None
         self._generation = 0
         self._retired_through = -1
         empty = StepFacts(0, 0, 0, 0, 0, 0, 0, False, False)
-        self._tables = self._results(empty, (0,) * len(layout.entries))
+        self._results = builder.results_maker(True, self.ring, self)
+        self._tables = self._results(0, self._generation, (0,) * len(layout.entries), empty)
 
     @property
     def tables(self) -> StepTables:
@@ -365,7 +365,7 @@ class StepGraphBuild(_StaticGraph):
         # validated: from here on nothing fails on bad input
         self._staged.stage(self._generation, (facts.first_seq, facts.num_seqs, facts.batch_seqs))
         self._generation += 1
-        self._tables = self._results(facts, counts)
+        self._tables = self._results(0, self._generation, counts, facts)
         return self._tables
 
     def _plan_c(self, query_start_loc_cpu, first_seq, num_seqs, computed_cpu, checkpoints_cpu):
@@ -390,11 +390,3 @@ class StepGraphBuild(_StaticGraph):
         tables = self.prepare(query_start_loc_cpu, **step)
         self._graph.replay()
         return tables
-
-    def _results(self, facts, counts) -> StepTables:
-        return self.builder._results(
-            0, self._generation, facts, counts, True, ring=self.ring, host_cu=self._host_cu, lease=self
-        )
-
-    def _host_cu(self, name: str, slot: int, count: int) -> torch.Tensor:
-        return self._cu_cpu[name][:count]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from chunkmeta.plan import Capacity
+from chunkmeta.results import PAIRS, ROW
 
 VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
 
@@ -140,10 +141,13 @@ class Ring(SlotLedger):
 class TableRing(SlotLedger):
     """``depth`` slots of a step builder's tables (``chunkmeta.tables.slot_layout``): one byte
     arena per slot on the device, every region at its fixed offset (the kernel's compile-time
-    constants), so a build passes one pointer per slot. Views are cached per
-    ``(slot, offset, count)``."""
+    constants), so a build passes one pointer per slot; and per slot a host int32 buffer of
+    ``host_entries`` for each name in ``host_names`` (the FLA tables' ``cu_seqlens_cpu``).
+    Views are cached in ``views`` by ``(slot, region, count, shape)`` (``chunkmeta.results``)."""
 
-    def __init__(self, depth: int, regions: dict, slot_bytes: int, device: torch.device):
+    def __init__(
+        self, depth: int, regions: dict, slot_bytes: int, device: torch.device, host_names=(), host_entries: int = 0
+    ):
         super().__init__(depth)
         # Slot strides stay 16-byte multiples: every slot is as aligned as the first, which a
         # compiled kernel (specialized on its first launch's pointers) relies on.
@@ -159,23 +163,35 @@ class TableRing(SlotLedger):
             for k in range(depth)
         ]
         self._pointers = [self.arena[k].data_ptr() for k in range(depth)]
-        self._views: dict[tuple, torch.Tensor] = {}
+        self.host = {name: torch.zeros(depth, host_entries, dtype=torch.int32) for name in host_names}
+        self.host_np = {name: t.numpy() for name, t in self.host.items()}
+        self.views: dict[tuple, torch.Tensor] = {}
 
     def pointer(self, slot: int) -> int:
         return self._pointers[slot]
+
+    def host_pointers(self) -> dict[str, list[int]]:
+        """Each host buffer's address per slot."""
+        return {name: [t[k].data_ptr() for k in range(self.depth)] for name, t in self.host.items()}
 
     def region(self, slot: int, offset: int) -> torch.Tensor:
         """The whole region at ``offset`` of a slot (1-D, its dtype)."""
         return self._regions[slot][offset]
 
-    def view(self, slot: int, offset: int, count: int, pairs: bool = False) -> torch.Tensor:
-        """The first ``count`` entries (rows of two with ``pairs``) of a region, cached."""
-        key = (slot, offset, count, pairs)
-        view = self._views.get(key)
+    def make_view(self, slot: int, region, count: int, shape: int) -> torch.Tensor:
+        """The first ``count`` entries of ``region`` (an arena offset, or a host buffer's name),
+        shaped ``[n]``, ``[n, 2]`` (pairs) or ``[1, n]`` (``chunkmeta.results``' shapes), cached."""
+        key = (slot, region, count, shape)
+        view = self.views.get(key)
         if view is None:
-            if len(self._views) >= VIEW_CACHE_LIMIT:
-                self._views.clear()
-            region = self._regions[slot][offset]
-            view = region[: 2 * count].view(count, 2) if pairs else region[:count]
-            self._views[key] = view
+            if len(self.views) >= VIEW_CACHE_LIMIT:
+                self.views.clear()
+            base = self.host[region][slot] if isinstance(region, str) else self._regions[slot][region]
+            if shape == PAIRS:
+                view = base[: 2 * count].view(count, 2)
+            elif shape == ROW:
+                view = base[:count].view(1, count)
+            else:
+                view = base[:count]
+            self.views[key] = view
         return view

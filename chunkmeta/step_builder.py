@@ -19,12 +19,13 @@ import torch
 from chunkmeta import layout as _layout
 from chunkmeta import native
 from chunkmeta import plan as _plan
+from chunkmeta import results as _results
 from chunkmeta import tables as _tables
 from chunkmeta.builder import resolve_backend, resolve_device
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.fill.torch_fill import fill_entry_torch
-from chunkmeta.metadata import ChunkMetadata, ConvBlocks, Mamba2Chunks, SglangMamba2Chunks, StepTables
-from chunkmeta.ring import VIEW_CACHE_LIMIT, TableRing
+from chunkmeta.metadata import StepTables
+from chunkmeta.ring import TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -69,18 +70,15 @@ class StepTablesBuilder:
                 f"tables={tuple(self.specs)} need {len(self.layout.entries)} kernel entries, more than one launch "
                 f"holds ({_MAX_ENTRIES}); use two builders."
             )
-        self.ring = TableRing(ring_depth, self.layout.regions, self.layout.slot_bytes, self.device)
+        fla_names = [name for name, spec in self.specs.items() if isinstance(spec, _tables.Fla)]
+        # with a host copy of each FLA table's cu_seqlens per slot
+        self.ring = TableRing(
+            ring_depth, self.layout.regions, self.layout.slot_bytes, self.device, fla_names, max_num_seqs + 2
+        )
         self.needs_computed = any(spec.needs_computed for spec in self.specs.values())
         self.needs_checkpoints = any(getattr(spec, "checkpoints", False) for spec in self.specs.values())
         self.needs_batch = any(spec.rows == "batch" for spec in self.specs.values())
-        # host copies of the FLA tables' cu_seqlens, per slot
-        self._cu_cpu = {
-            name: torch.zeros(ring_depth, max_num_seqs + 2, dtype=torch.int32)
-            for name, spec in self.specs.items()
-            if isinstance(spec, _tables.Fla)
-        }
-        self._cu_cpu_np = {name: t.numpy() for name, t in self._cu_cpu.items()}
-        self._cu_cpu_views: dict[tuple, torch.Tensor] = {}
+        self._needs_rows = self.needs_computed or self.needs_checkpoints
         self._dummy = torch.zeros(1, dtype=torch.int32, device=self.device)  # for unread pointer arguments
         self._fills: dict[bool, object] = {}
         self._device_index = self.device.index if self.device.type == "cuda" else -1
@@ -88,14 +86,7 @@ class StepTablesBuilder:
         # (padded, input dtypes) -> (steps capsule, whether it launches), or False: no C build
         self._steps: dict[tuple, object] = {}
         self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
-        # per table: (name, kind, spec, its first entry's index, its regions' offsets in order,
-        # that entry's padded rows)
-        self._result_plan = []
-        for name, spec in self.specs.items():
-            index = self.layout.owners.index(name)
-            offsets = tuple(region.offset for region in self.layout.regions[name].values())
-            kind = (_tables.Fla, _tables.Conv, _tables.Mamba2, _tables.SglangMamba2).index(type(spec)) + 1
-            self._result_plan.append((name, kind, spec, index, offsets, self.layout.rows_pad[index]))
+        self._results = self._make_results()
         # a slice's plan: the builder's sequences and tokens, rows unbounded (each entry has its own)
         self._slice_capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
         # each entry's region offsets in the torch fill's order (off0 .. off3), None where unused
@@ -104,7 +95,6 @@ class StepTablesBuilder:
             for e in self.layout.entries
         ]
         self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its plain_host_tensor, query_start_loc)
-        self._new_metadata = ChunkMetadata if self._native is None else self._native.metadata
 
     @property
     def builds(self) -> int:
@@ -177,8 +167,8 @@ class StepTablesBuilder:
         rows = self.layout.rows_pad if padded else counts
         slot, generation = self.ring.claim()
         self._launch(query_start_loc, computed_dev, checkpoints_dev, slot, facts, rows, padded)
-        self.write_host_cu_seqlens({name: host[slot] for name, host in self._cu_cpu_np.items()}, step, batch, padded)
-        result = self._results(slot, generation, facts, counts, padded)
+        self.write_host_cu_seqlens({name: host[slot] for name, host in self.ring.host_np.items()}, step, batch, padded)
+        result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
         key = (padded, query_start_loc.dtype, computed_dev.dtype, checkpoints_dev.dtype)
         if key not in self._steps:
@@ -206,13 +196,17 @@ class StepTablesBuilder:
             if host is None or not self._device_tensor(qsl, host[1]):
                 return None
             self._last_inputs = (qsl_cpu, host, qsl)
-        num_requests = host[1] - 1
-        computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
-        checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
-        computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
-        checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
-        if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
-            return None
+        if self._needs_rows:
+            num_requests = host[1] - 1
+            computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
+            checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
+            computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
+            checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
+            if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
+                return None
+        else:  # no table reads per-request rows (FLA and conv1d tables only)
+            computed_host = checkpoints_host = _NO_ROWS
+            computed_dev = checkpoints_dev = self._dummy
         key = (padded, qsl.dtype, computed_dev.dtype, checkpoints_dev.dtype)
         steps = self._steps.get(key)
         if not steps:
@@ -244,11 +238,10 @@ class StepTablesBuilder:
                 self._steps[key] = False
             return None
         counts, facts = out
-        facts = StepFacts(*facts)
         if not launches:
             rows = self.layout.rows_pad if padded else counts
-            self._launch(qsl, computed_dev, checkpoints_dev, slot, facts, rows, padded)
-        result = self._results(slot, generation, facts, counts, padded)
+            self._launch(qsl, computed_dev, checkpoints_dev, slot, StepFacts(*facts), rows, padded)
+        result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
         return result
 
@@ -297,7 +290,7 @@ class StepTablesBuilder:
             if self.capacity.seqs > _CUDA_STEP_FILL_FIRST_UP_TO:
                 candidates.reverse()
         arenas = [self.ring.pointer(k) for k in range(self.ring.depth)]
-        cu_hosts = {name: [t[k].data_ptr() for k in range(self.ring.depth)] for name, t in self._cu_cpu.items()}
+        cu_hosts = self.ring.host_pointers()
         for name, function, num_warps, shared, block_rows in candidates:
             made = self.native_steps(function, block_rows, num_warps, shared, padded, arenas, cu_hosts)
             if made is not None:
@@ -452,94 +445,16 @@ class StepTablesBuilder:
         if not fill.launch(dtypes, pointers, ints):
             fill(query_start_loc, computed, checkpoints, self.ring.arena[slot], ints)
 
-    def _host_cu_seqlens(self, name: str, slot: int, count: int) -> torch.Tensor:
-        """A new object per build (FLA memoizes by identity: see ``chunkmeta.ring.Ring.views``)
-        of the cached host view."""
-        key = (name, slot, count)
-        view = self._cu_cpu_views.get(key)
-        if view is None:
-            if len(self._cu_cpu_views) >= VIEW_CACHE_LIMIT:
-                self._cu_cpu_views.clear()
-            view = self._cu_cpu_views[key] = self._cu_cpu[name][slot, :count]
-        return view.detach()
+    def results_maker(self, padded: bool, ring: TableRing, lease):
+        """The executor of this builder's result recipe for ``padded``, over ``ring``'s views
+        (graph mode passes its static ring, and itself as the lease), in C where the builder's
+        C build is loaded."""
+        recipe = _results.step_recipe(self.specs, self.layout, padded, self._fla_seqs_pad, self.pad, self.capacity.seqs)
+        return _results.results_maker(recipe, ring.views, ring.make_view, lease, self._native)
 
-    def _results(
-        self, slot, generation, facts: StepFacts, counts, padded: bool, ring=None, host_cu=None, lease=None
-    ) -> StepTables:
-        """The step's objects over slot ``slot``'s cached views (host copies already written) of
-        ``ring`` (default: the builder's; graph mode passes its static one, its host copies and
-        itself as the lease). FLA tables are made by the C build's unchecked constructor where it
-        is loaded: their values are this builder's own views and validated sizes."""
-        ring = ring or self.ring
-        lease = lease or ring
-        host_cu = host_cu or self._host_cu_seqlens
-        view = ring.view
-        new_metadata = self._new_metadata
-        out = {}
-        for name, kind, spec, index, offsets, rows_pad in self._result_plan:
-            if kind == 1:  # Fla
-                if spec.rows == "batch":
-                    n, tokens, longest = facts.batch_seqs, facts.batch_tokens, facts.batch_max_seqlen
-                else:
-                    n, tokens, longest = facts.num_seqs, facts.num_tokens, facts.max_seqlen
-                nt = counts[index]
-                seqs = (self._fla_seqs_pad if padded else n) + 1
-                out[name] = new_metadata(
-                    view(slot, offsets[0], seqs).detach(),
-                    host_cu(name, slot, seqs),
-                    view(slot, offsets[1], rows_pad if padded else nt, True),
-                    view(slot, offsets[2], seqs),
-                    spec.chunk_size,
-                    n,
-                    tokens,
-                    nt,
-                    longest,
-                    self.pad if padded else None,
-                    generation,
-                    lease,
-                    slot,
-                )
-            elif kind == 2:  # Conv
-                tot = counts[index]
-                rows = rows_pad if padded else tot
-                n = facts.batch_seqs if spec.rows == "batch" else facts.num_seqs
-                if spec.paired:
-                    out[name] = ConvBlocks(None, None, view(slot, offsets[0], rows, True), tot, spec.block_m, n)
-                else:
-                    out[name] = ConvBlocks(
-                        view(slot, offsets[0], rows), view(slot, offsets[1], rows), None, tot, spec.block_m, n
-                    )
-            elif kind == 3:  # Mamba2
-                nchunks = counts[index]
-                rows = rows_pad if padded else nchunks
-                seqs = self.capacity.seqs if padded else facts.num_seqs
-                out[name] = Mamba2Chunks(
-                    view(slot, offsets[0], rows + 1),
-                    view(slot, offsets[1], rows),
-                    view(slot, offsets[2], seqs),
-                    view(slot, offsets[3], seqs) if spec.checkpoints and facts.any_checkpoint else None,
-                    spec.chunk_size,
-                    nchunks,
-                    facts.num_seqs,
-                    facts.prep_initial_states,
-                )
-            else:  # SglangMamba2: a token entry, then the logical chunks
-                tokens = rows_pad if padded else facts.num_tokens
-                logical = counts[index + 1]
-                rows = self.layout.rows_pad[index + 1] if padded else logical
-                seqs = self.capacity.seqs if padded else facts.num_seqs
-                out[name] = SglangMamba2Chunks(
-                    view(slot, offsets[0], tokens).view(1, tokens),
-                    view(slot, offsets[1], rows),
-                    view(slot, offsets[2], rows),
-                    view(slot, offsets[3], seqs),
-                    spec.chunk_size,
-                    logical,
-                    facts.num_seqs,
-                    facts.num_tokens,
-                    facts.prep_initial_states,
-                )
-        return StepTables(out, padded, generation, lease, slot)
+    def _make_results(self) -> dict:
+        """padded -> (slot, generation, counts, facts) -> StepTables (``chunkmeta.results``)."""
+        return {padded: self.results_maker(padded, self.ring, self.ring) for padded in (False, True)}
 
 
 class StepFacts(NamedTuple):

@@ -278,18 +278,24 @@ static PyObject *py_set_metadata_class(PyObject *self, PyObject *const *args, Py
   Py_RETURN_TRUE;
 }
 
-/* A ChunkMetadata with its fields set (new reference), or NULL with an error. values[] are
-   borrowed. */
-static PyObject *new_metadata(PyObject *const *values) {
-  PyObject *md = metadata_type->tp_alloc(metadata_type, 0);
-  if (!md) return NULL;
-  for (int i = 0; i < NUM_FIELDS; i++) {
-    if (Py_TYPE(metadata_fields[i])->tp_descr_set(metadata_fields[i], md, values[i]) < 0) {
-      Py_DECREF(md);
+/* An instance of a slots class with its n slots set through their member descriptors (new
+   reference), or NULL with an error. values[] are borrowed. */
+static PyObject *new_object(PyTypeObject *cls, PyObject *const *descriptors, PyObject *const *values, int n) {
+  PyObject *made = cls->tp_alloc(cls, 0);
+  if (!made) return NULL;
+  for (int i = 0; i < n; i++) {
+    if (Py_TYPE(descriptors[i])->tp_descr_set(descriptors[i], made, values[i]) < 0) {
+      Py_DECREF(made);
       return NULL;
     }
   }
-  return md;
+  return made;
+}
+
+/* A ChunkMetadata with its fields set (new reference), or NULL with an error. values[] are
+   borrowed. */
+static PyObject *new_metadata(PyObject *const *values) {
+  return new_object(metadata_type, metadata_fields, values, NUM_FIELDS);
 }
 
 /* metadata(*fields) -> a ChunkMetadata from its 13 field values, in attrs order, without the
@@ -431,6 +437,266 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
     for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int32_t *)q)[i] - start);
   for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
   return md;
+}
+
+
+/* ---- a step build's result objects, from a recipe (chunkmeta.results) ------------------ */
+/* make_results compiles a recipe once (every field's op and operands, each class's slot
+   descriptors, checked then); results() makes one build's objects from it: the step's views
+   from the view cache (make_view on a miss), its host ints from the plan's tuples. The ops are
+   chunkmeta.results' (its docstring states them; python_results is the same in Python). */
+enum { R_CONST, R_ITEM, R_VIEW, R_GENERATION, R_LEASE, R_SLOT, R_TABLES };
+enum { R_COUNTS, R_FACTS, R_FIXED };
+#define MAX_FIELDS 16
+#define MAX_OUTPUTS 8
+
+typedef struct {
+  int op, shape, detach, source, index, when;
+  long long add;
+  PyObject *obj; /* R_CONST: the value; R_VIEW: the region (an offset or a host buffer's name) */
+} Field;
+
+typedef struct {
+  PyTypeObject *cls;
+  PyObject *name;
+  int fields;
+  PyObject *descriptors[MAX_FIELDS];
+  Field field[MAX_FIELDS];
+} Output;
+
+typedef struct {
+  int outputs;
+  Output out[MAX_OUTPUTS + 1]; /* the tables, then the StepTables that holds them */
+  Py_ssize_t need[2];          /* the counts / facts tuples' least lengths */
+  PyObject *views, *make_view, *lease, *shapes[3];
+} Results;
+
+static void free_results(PyObject *capsule) {
+  Results *r = PyCapsule_GetPointer(capsule, "chunkmeta.results");
+  if (!r) return;
+  for (int o = 0; o <= r->outputs; o++) {
+    Output *out = &r->out[o];
+    Py_XDECREF(out->cls);
+    Py_XDECREF(out->name);
+    for (int i = 0; i < out->fields; i++) {
+      Py_XDECREF(out->descriptors[i]);
+      Py_XDECREF(out->field[i].obj);
+    }
+  }
+  Py_XDECREF(r->views);
+  Py_XDECREF(r->make_view);
+  Py_XDECREF(r->lease);
+  for (int i = 0; i < 3; i++) Py_XDECREF(r->shapes[i]);
+  PyMem_Free(r);
+}
+
+/* One output (cls, descriptors, fields) into out; 0, or -1 with an error. top: the StepTables. */
+static int compile_output(PyObject *cls, PyObject *descriptors, PyObject *fields, int top, Output *out,
+                          Py_ssize_t *need) {
+  if (!PyType_Check(cls) || !PyTuple_Check(descriptors) || !PyTuple_Check(fields) ||
+      PyTuple_GET_SIZE(descriptors) != PyTuple_GET_SIZE(fields) || PyTuple_GET_SIZE(fields) > MAX_FIELDS) {
+    PyErr_SetString(PyExc_TypeError, "an output is (cls, descriptors, fields) of equal lengths");
+    return -1;
+  }
+  Py_INCREF(cls);
+  out->cls = (PyTypeObject *)cls;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); i++) {
+    PyObject *d = PyTuple_GET_ITEM(descriptors, i), *f = PyTuple_GET_ITEM(fields, i);
+    Field *field = &out->field[i];
+    memset(field, 0, sizeof *field);
+    field->when = -1;
+    out->fields = (int)i + 1; /* from here free_results releases this field */
+    Py_INCREF(d);
+    out->descriptors[i] = d;
+    if (!PyObject_TypeCheck(d, &PyMemberDescr_Type) || !PyTuple_Check(f) || PyTuple_GET_SIZE(f) < 1) {
+      PyErr_SetString(PyExc_TypeError, "a field needs a slot descriptor and an op tuple");
+      return -1;
+    }
+    field->op = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 0));
+    Py_ssize_t size = PyTuple_GET_SIZE(f);
+    int ok = 0;
+    switch (field->op) {
+      case R_CONST:
+        ok = size == 2;
+        if (ok) field->obj = Py_NewRef(PyTuple_GET_ITEM(f, 1));
+        break;
+      case R_ITEM:
+        ok = size == 3;
+        if (ok) {
+          field->source = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 1));
+          field->index = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 2));
+        }
+        ok = ok && (field->source == R_COUNTS || field->source == R_FACTS) && field->index >= 0;
+        break;
+      case R_VIEW:
+        ok = size == 8;
+        if (ok) {
+          field->obj = Py_NewRef(PyTuple_GET_ITEM(f, 1));
+          field->shape = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 2));
+          field->detach = PyObject_IsTrue(PyTuple_GET_ITEM(f, 3));
+          field->source = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 4));
+          field->index = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 5));
+          field->add = PyLong_AsLongLong(PyTuple_GET_ITEM(f, 6));
+          field->when = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 7));
+        }
+        ok = ok && field->shape >= 0 && field->shape < 3 && field->detach >= 0 && field->source >= R_COUNTS &&
+             field->source <= R_FIXED && field->index >= 0 && field->when >= -1;
+        break;
+      case R_GENERATION:
+      case R_LEASE:
+      case R_SLOT:
+        ok = size == 1;
+        break;
+      case R_TABLES:
+        ok = size == 1 && top;
+        break;
+    }
+    if (PyErr_Occurred()) return -1;
+    if (!ok) {
+      PyErr_Format(PyExc_ValueError, "field %zd of %s: not a valid recipe op", i, ((PyTypeObject *)cls)->tp_name);
+      return -1;
+    }
+    if ((field->op == R_ITEM || field->op == R_VIEW) && field->source != R_FIXED)
+      need[field->source] = need[field->source] > field->index + 1 ? need[field->source] : field->index + 1;
+    if (field->when >= 0) need[R_FACTS] = need[R_FACTS] > field->when + 1 ? need[R_FACTS] : field->when + 1;
+  }
+  return 0;
+}
+
+/* make_results(outputs, top, views, make_view, lease) -> capsule. outputs: ((name, cls,
+   descriptors, fields), ...); top: (cls, descriptors, fields), the StepTables. */
+static PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) > MAX_OUTPUTS || !PyTuple_Check(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != 3 || !PyDict_Check(args[2]) || !PyCallable_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "make_results(outputs, top, views: dict, make_view, lease)");
+    return NULL;
+  }
+  Results *r = PyMem_Calloc(1, sizeof(Results));
+  if (!r) return PyErr_NoMemory();
+  PyObject *capsule = PyCapsule_New(r, "chunkmeta.results", free_results);
+  if (!capsule) {
+    PyMem_Free(r);
+    return NULL;
+  }
+  r->views = Py_NewRef(args[2]);
+  r->make_view = Py_NewRef(args[3]);
+  r->lease = Py_NewRef(args[4]);
+  for (int i = 0; i < 3; i++)
+    if (!(r->shapes[i] = PyLong_FromLong(i))) goto fail;
+  Py_ssize_t outputs = PyTuple_GET_SIZE(args[0]);
+  for (Py_ssize_t o = 0; o < outputs; o++) {
+    PyObject *item = PyTuple_GET_ITEM(args[0], o);
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+      PyErr_SetString(PyExc_TypeError, "an output is (name, cls, descriptors, fields)");
+      goto fail;
+    }
+    r->outputs = (int)o + 1;
+    r->out[o].name = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+    if (compile_output(PyTuple_GET_ITEM(item, 1), PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), 0,
+                       &r->out[o], r->need))
+      goto fail;
+  }
+  r->outputs = (int)outputs;
+  Output *top = &r->out[outputs];
+  if (compile_output(PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_ITEM(args[1], 1), PyTuple_GET_ITEM(args[1], 2), 1,
+                     top, r->need))
+    goto fail;
+  return capsule;
+fail:
+  Py_DECREF(capsule);
+  return NULL;
+}
+
+/* One field's value (new reference), or NULL with an error. */
+static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObject *generation, PyObject *const *sources,
+                             PyObject *tables) {
+  switch (f->op) {
+    case R_CONST:
+      return Py_NewRef(f->obj);
+    case R_ITEM:
+      return Py_NewRef(PyTuple_GET_ITEM(sources[f->source], f->index));
+    case R_GENERATION:
+      return Py_NewRef(generation);
+    case R_LEASE:
+      return Py_NewRef(r->lease);
+    case R_SLOT:
+      return Py_NewRef(slot);
+    case R_TABLES:
+      return Py_NewRef(tables);
+  }
+  /* R_VIEW */
+  if (f->when >= 0) {
+    int on = PyObject_IsTrue(PyTuple_GET_ITEM(sources[R_FACTS], f->when));
+    if (on < 0) return NULL;
+    if (!on) Py_RETURN_NONE;
+  }
+  long long count = f->add;
+  if (f->source != R_FIXED) {
+    long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(sources[f->source], f->index));
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    count += n;
+  }
+  PyObject *count_obj = PyLong_FromLongLong(count);
+  if (!count_obj) return NULL;
+  PyObject *key = PyTuple_Pack(4, slot, f->obj, count_obj, r->shapes[f->shape]);
+  PyObject *view = key ? PyDict_GetItemWithError(r->views, key) : NULL; /* borrowed */
+  Py_XINCREF(view);
+  if (!view && !PyErr_Occurred())
+    view = PyObject_CallFunctionObjArgs(r->make_view, slot, f->obj, count_obj, r->shapes[f->shape], NULL);
+  Py_XDECREF(key);
+  Py_DECREF(count_obj);
+  if (!view || !f->detach) return view;
+  static PyObject *detach = NULL;
+  if (!detach && !(detach = PyUnicode_InternFromString("detach"))) {
+    Py_DECREF(view);
+    return NULL;
+  }
+  PyObject *fresh = PyObject_CallMethodNoArgs(view, detach);
+  Py_DECREF(view);
+  return fresh;
+}
+
+/* An output's object (new reference), or NULL with an error. */
+static PyObject *make_output(Results *r, const Output *out, PyObject *slot, PyObject *generation,
+                             PyObject *const *sources, PyObject *tables) {
+  PyObject *values[MAX_FIELDS];
+  int made = 0;
+  for (; made < out->fields; made++)
+    if (!(values[made] = field_value(r, &out->field[made], slot, generation, sources, tables))) break;
+  PyObject *object = made == out->fields ? new_object(out->cls, out->descriptors, values, out->fields) : NULL;
+  for (int i = 0; i < made; i++) Py_DECREF(values[i]);
+  return object;
+}
+
+/* results(capsule, slot, generation, counts, facts) -> StepTables. counts / facts: tuples (a
+   NamedTuple is one) at least as long as the recipe reads. */
+static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "results(capsule, slot, generation, counts, facts)");
+    return NULL;
+  }
+  Results *r = PyCapsule_GetPointer(args[0], "chunkmeta.results");
+  if (!r) return NULL;
+  PyObject *const sources[2] = {args[3], args[4]};
+  for (int i = 0; i < 2; i++)
+    if (!PyTuple_Check(sources[i]) || PyTuple_GET_SIZE(sources[i]) < r->need[i]) {
+      PyErr_SetString(PyExc_TypeError, "results: counts and facts must be tuples as long as the recipe reads");
+      return NULL;
+    }
+  PyObject *tables = PyDict_New();
+  if (!tables) return NULL;
+  for (int o = 0; o < r->outputs; o++) {
+    PyObject *object = make_output(r, &r->out[o], args[1], args[2], sources, NULL);
+    int err = object ? PyDict_SetItem(tables, r->out[o].name, object) : -1;
+    Py_XDECREF(object);
+    if (err) {
+      Py_DECREF(tables);
+      return NULL;
+    }
+  }
+  PyObject *step = make_output(r, &r->out[r->outputs], args[1], args[2], sources, tables);
+  Py_DECREF(tables);
+  return step;
 }
 
 
@@ -733,6 +999,8 @@ static PyMethodDef methods[] = {
     {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},
+    {"make_results", (PyCFunction)(void (*)(void))py_make_results, METH_FASTCALL, "a step's result recipe"},
+    {"results", (PyCFunction)(void (*)(void))py_results, METH_FASTCALL, "one step build's result objects"},
     {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,
      "the class build() returns"},
     {NULL, NULL, 0, NULL}};

@@ -247,9 +247,10 @@ def test_counts_match_the_reference_counts():
 
 
 def python_only(builder):
-    """The same builder's general path: no C build."""
+    """The same builder's general path: no C build, its results made in Python."""
     builder._native = None
     builder._steps.clear()
+    builder._results = builder._make_results()
     return builder
 
 

@@ -1,0 +1,120 @@
+"""The step build's result objects (chunkmeta.results): the C executor makes exactly the objects
+the Python executor makes from the same recipe, and refuses a recipe it cannot run."""
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from chunkmeta import StepTablesBuilder, native
+from chunkmeta import results as R
+from strategies import STEP_SPECS, STEP_SPECS_B, random_step
+
+MAX_SEQS, MAX_TOKENS = 24, 1500
+module = native.module()
+needs_native = pytest.mark.skipif(module is None, reason="the C host build does not load here")
+
+
+def same_value(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == (
+            b.data_ptr(),
+            b.shape,
+            b.stride(),
+            b.dtype,
+            b.device,
+        ), where
+    else:
+        assert type(a) is type(b) and a == b, (where, a, b)
+
+
+def assert_same_objects(c_step, py_step):
+    assert type(c_step) is type(py_step)
+    assert c_step.names == py_step.names
+    for field in ("padded", "generation", "_lease", "_slot"):
+        same_value(getattr(c_step, field), getattr(py_step, field), field)
+    for name in c_step.names:
+        a, b = c_step[name], py_step[name]
+        assert type(a) is type(b), name
+        for field in attrs.fields(type(a)):
+            same_value(getattr(a, field.name), getattr(b, field.name), (name, field.name))
+
+
+class Recorder:
+    """Wraps a builder's executors to keep each build's arguments."""
+
+    def __init__(self, builder):
+        self.calls = []
+        for padded, make in list(builder._results.items()):
+            builder._results[padded] = self.wrap(make, padded)
+
+    def wrap(self, make, padded):
+        def recorded(*args):
+            self.calls.append((padded, args))
+            return make(*args)
+
+        return recorded
+
+
+@needs_native
+@pytest.mark.parametrize("specs", [STEP_SPECS, STEP_SPECS_B], ids=["a", "b"])
+def test_c_results_equal_python_results(specs):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend="torch", ring_depth=3)
+    python = {
+        padded: R.python_results(
+            R.step_recipe(specs, builder.layout, padded, builder._fla_seqs_pad, builder.pad, builder.capacity.seqs),
+            builder.ring.views,
+            builder.ring.make_view,
+            builder.ring,
+        )
+        for padded in (False, True)
+    }
+    recorder = Recorder(builder)
+    rng = np.random.default_rng(7)
+    for i in range(60):
+        qsl, first, n, computed, checkpoints = random_step(rng, MAX_SEQS, MAX_TOKENS)
+        qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
+        rows = {"num_computed_tokens": torch.tensor(computed, dtype=torch.int32)}
+        rows["num_computed_tokens_cpu"] = rows["num_computed_tokens"]
+        if builder.needs_checkpoints:
+            rows["checkpoint_offsets"] = rows["checkpoint_offsets_cpu"] = torch.tensor(checkpoints, dtype=torch.int32)
+        c_step = builder.build(qsl_cpu, qsl_cpu, first_seq=first, num_seqs=n, padded=bool(i % 2), **rows)
+        padded, args = recorder.calls[-1]
+        py_step = python[padded](*args)
+        assert_same_objects(c_step, py_step)
+        # FLA memoizes by identity: every build hands out new cu_seqlens objects
+        fla = [name for name in c_step.names if hasattr(c_step[name], "cu_seqlens_cpu")]
+        for name in fla:
+            assert c_step[name].cu_seqlens is not py_step[name].cu_seqlens
+            assert c_step[name].cu_seqlens_cpu is not py_step[name].cu_seqlens_cpu
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "field, error",
+    [
+        ((99,), ValueError),  # no such op
+        ((R.ITEM, 5, 0), ValueError),  # no such source
+        ((R.VIEW, 0, 3, False, R.COUNTS, 0, 0, R.ALWAYS), ValueError),  # no such shape
+        ((R.TABLES,), ValueError),  # only the StepTables holds the tables
+        ("not a tuple", TypeError),
+    ],
+)
+def test_make_results_refuses_a_bad_recipe(field, error):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS_B, device="cpu", backend="torch")
+    outputs, (top_cls, top_fields) = R.step_recipe(
+        STEP_SPECS_B, builder.layout, False, builder._fla_seqs_pad, builder.pad, builder.capacity.seqs
+    )
+    name, cls, fields = outputs[0]
+    bad = (name, cls, R._descriptors(cls), (field, *fields[1:]))
+    top = (top_cls, R._descriptors(top_cls), top_fields)
+    with pytest.raises(error):
+        module.make_results((bad,), top, builder.ring.views, builder.ring.make_view, builder.ring)
+
+
+@needs_native
+def test_results_refuse_short_plan_tuples():
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS_B, device="cpu", backend="torch")
+    with pytest.raises(TypeError, match="as long as the recipe reads"):
+        builder._results[False](0, 1, (1,), (0, 0))

@@ -10,7 +10,10 @@ FLA unchanged, with the signature it was called with.
 
 One implementation serves every copy of FLA: fla-core (``chunkmeta.integrations.fla``), and the
 copies engines vendor (SGLang's ``sglang.kernels.ops.attention.fla``; ``vendored_router``), whose
-``prepare_chunk_indices`` takes no ``cu_seqlens_cpu``.
+``prepare_chunk_indices`` takes no ``cu_seqlens_cpu``. A copy whose helpers are bound by modules
+outside its own package (vLLM's: the Kimi-K3 and GLM5-next KDA ops import them from
+``vllm.third_party.flash_linear_attention``) names those modules (``modules=``): each is patched
+when it is loaded, now or, through an import hook, whenever the engine imports it.
 
 Metadata comes from providers: a thread-local stack (an explicit ``metadata=`` for one call) and
 registered services (``patch_fla``: anything with ``in_step`` and ``current``, whose ``current``
@@ -47,10 +50,13 @@ class FlaRouter:
     its sync).
     """
 
-    def __init__(self, package: str, index_module: str, require=None):
+    def __init__(self, package: str, index_module: str, require=None, modules: tuple[str, ...] = ()):
         self.package = package
         self.index_module = index_module
+        self.modules = tuple(modules)
         self._require = require
+        self._hooks: list = []
+        self._routed: dict[str, None] = {}
         self._lock = threading.Lock()
         self._installs = 0
         self._persistent = False
@@ -70,20 +76,50 @@ class FlaRouter:
                     self._require()
                 index = importlib.import_module(self.index_module)
                 self._originals = {name: getattr(index, name) for name in WRAPPED if hasattr(index, name)}
-                wrappers = {
-                    "prepare_chunk_indices": self._chunk_indices,
-                    "prepare_chunk_offsets": self._chunk_offsets,
-                    "prepare_chunk_indices_static": self._chunk_indices_static,
-                }
-                prefix = self.package + "."
-                for module_name, module in list(sys.modules.items()):
-                    if module is None or not (module_name == self.package or module_name.startswith(prefix)):
-                        continue
-                    for name, original in self._originals.items():
-                        if getattr(module, name, None) is original:
-                            self._patched.append((module, name, original))
-                            setattr(module, name, wrappers[name])
+                if self.modules:
+                    self._watch_modules()
+                else:
+                    prefix = self.package + "."
+                    for module_name, module in list(sys.modules.items()):
+                        if module is not None and (module_name == self.package or module_name.startswith(prefix)):
+                            self._patch_module(module)
             self._installs += 1
+
+    def _patch_module(self, module) -> None:
+        wrappers = {
+            "prepare_chunk_indices": self._chunk_indices,
+            "prepare_chunk_offsets": self._chunk_offsets,
+            "prepare_chunk_indices_static": self._chunk_indices_static,
+        }
+        for name, original in self._originals.items():
+            bound = getattr(module, name, None)
+            if bound is original:
+                self._patched.append((module, name, original))
+                setattr(module, name, wrappers[name])
+                self._routed[module.__name__] = None
+            elif bound is not None and bound == wrappers[name]:
+                # imported after the index module was patched: it bound the wrapper itself
+                self._routed[module.__name__] = None
+
+    def _watch_modules(self) -> None:
+        # Engines import their op modules lazily (vLLM's Kimi-Linear layer imports its KDA op in
+        # __init__, after the metadata builders may exist): a module not loaded yet is patched
+        # right after whoever imports it executes it, so its calls never bypass the router.
+        from chunkmeta.integrations.plugin import ImportHook
+
+        def on_import(module):
+            with self._lock:
+                if self._installs > 0:
+                    self._patch_module(module)
+
+        for name in self.modules:
+            module = sys.modules.get(name)
+            if module is not None:
+                self._patch_module(module)
+            else:
+                hook = ImportHook(name, on_import)
+                hook.arm()
+                self._hooks.append(hook)
 
     def uninstall(self) -> None:
         with self._lock:
@@ -109,9 +145,18 @@ class FlaRouter:
             self._unpatch()
 
     def _unpatch(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
         for module, name, original in reversed(self._patched):
             setattr(module, name, original)
         self._patched.clear()
+        self._routed.clear()
+
+    def patched(self) -> tuple[str, ...]:
+        """Modules whose helper names are the wrappers now (patched, or bound after the index was)."""
+        with self._lock:
+            return tuple(self._routed)
 
     @property
     def installed(self) -> bool:
@@ -132,7 +177,9 @@ class FlaRouter:
         yield from reversed(self._local.__dict__.get("stack", ()))
         for service in self._services:
             if service.in_step:
-                yield service.current
+                current = service.current
+                if current is not None:  # a service may end its step between the two reads
+                    yield current
 
     def _lookup(self, cu_seqlens, chunk_size):
         ours = False

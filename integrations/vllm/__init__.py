@@ -1,38 +1,39 @@
-"""vLLM adapter: chunkmeta behind vLLM's GDN / KDA chunk-metadata hook (vLLM 0.33.0).
+"""vLLM adapter: chunkmeta makes every per-step prefill table of vLLM 0.33.0's hybrid builders.
 
-Where vLLM builds the tables: ``GDNAttentionMetadataBuilder.build()``
-(``vllm/v1/attention/backends/gdn_attn.py``) calls ``_build_chunk_metadata`` once per step with
-prefills. Qwen3-Next / Qwen3.5 (GDN) and Kimi-Linear (KDA) use the stock builder; ROCm Kimi-K3
-has its own (``vllm/models/kimi_k3/amd/kda_metadata.py``).
+One ``StepTablesBuilder`` per vLLM metadata builder, one device launch per step, no sync and no
+host-to-device copy of a table (``tables``):
 
-* ``ChunkmetaBuilderMixin`` (``builders``): put in front of a vLLM GDN-family builder, it answers
-  the hook from one persistent ``ChunkMetadataBuilder`` per vLLM builder, sized from the scheduler
-  config (``max_num_seqs``, ``max_num_batched_tokens``, chunk size 64). The tables are exactly
-  vLLM's (int32 ``[NT, 2]``, int64 ``[N+1]``); for ``gdn_prefill_backend="cutedsl"`` they are in
-  CuteDSL's layout. A step chunkmeta cannot hold is served by vLLM's own path, with one warning.
-* ``prepare_chunk_metadata_device(cu_seqlens, cu_seqlens_cpu, chunk_size)`` (``kimi_k3``): a
-  drop-in for the ROCm Kimi-K3 helper (same signature, dtypes and fresh tensors).
-* ``install()`` / ``uninstall()`` (``wiring``): patch ``get_builder_cls`` of ``GDNAttentionBackend``
-  and of ``KimiK3ROCmKDABackend`` to return the mixed-in builders.
-* ``register()`` (``wiring``): the ``vllm.general_plugins`` entry point; a no-op unless
-  ``CHUNKMETA_VLLM=1``.
+* GDN family (``GDNAttentionMetadataBuilder``: Qwen3-Next / Qwen3.5, OLMo-Hybrid, Kimi-Linear,
+  GLM5-next, Bailing-V3; Kimi-K3's NVIDIA and ROCm builders): the FLA ``chunk_indices`` /
+  ``chunk_offsets`` of ``_build_chunk_metadata`` (CuteDSL's layout for ``cutedsl``), and the
+  causal-conv1d tables (``nums_dict``, ``batch_ptr``, ``token_chunk_offset_ptr``) with every
+  prefill backend, FlashInfer included (ROCm Kimi-K3 keeps vLLM's conv tables).
+* Mamba family (Mamba1, Mamba2, ShortConv): the conv tables of the prefill rows; Mamba2's SSD
+  tables (``cu_chunk_seqlen_p``, ``seq_idx_p``, ``last_chunk_indices_p``, ``checkpoint_chunk_idx``).
+* ``routing``: ``chunkmeta.integrations.fla``'s ``FlaRouter`` over every vLLM module that binds
+  ``prepare_chunk_indices`` / ``prepare_chunk_offsets``: calls with a GDN-family builder's
+  latest ``prefill_query_start_loc`` / ``non_spec_query_start_loc`` get its tables (the in-forward
+  sync of Kimi-Linear, Kimi-K3 triton, GLM5-next, OLMo-Hybrid and Bailing-V3 is gone); any other
+  tensor falls through to vLLM's function.
 
-Modules: ``interface`` (the vLLM names, the version gate and interface checks), ``builders``,
-``kimi_k3``, ``wiring``; the opt-in, version gate, patches and import hooks are
-``chunkmeta.integrations.plugin``'s. Nothing here imports vLLM at import time:
-``interface.load_vllm_api()`` does, inside ``install()``.
+``builders``: the mixins (``chunkmeta_builder_class(base)``) overriding vLLM's build at each
+table's own point; a step chunkmeta cannot build is served by vLLM's own functions with one
+warning per cause (``stats()``). ``install()`` / ``uninstall()`` (``wiring``) patch the
+backends' ``get_builder_cls`` and ``compute_causal_conv1d_metadata`` where it is called;
+``register()`` is the ``vllm.general_plugins`` entry point, a no-op unless ``CHUNKMETA_VLLM=1``.
+``prepare_chunk_metadata_device`` (``kimi_k3``): a drop-in for the ROCm Kimi-K3 helper. Nothing
+here imports vLLM at import time: ``interface.load_vllm_api()`` does, inside ``install()``.
 """
 
 from chunkmeta.integrations.vllm.builders import (
-    CUTEDSL,
-    FLA_CHUNK_SIZE,
     HOOKLESS_BACKENDS,
-    RING_DEPTH,
     ChunkmetaBuilderMixin,
-    builder_for_config,
+    GdnFamilyMixin,
+    MambaFamilyMixin,
     chunkmeta_builder_class,
-    cutedsl_layout,
-    warm_up,
+    conv_metadata,
+    serves_for,
+    stats,
     wrapped_builder,
 )
 from chunkmeta.integrations.vllm.interface import (
@@ -41,6 +42,8 @@ from chunkmeta.integrations.vllm.interface import (
     HOOK,
     HOOK_PARAMS,
     INIT_PARAMS,
+    KIMI_NVIDIA_BACKEND,
+    KIMI_NVIDIA_MODULE,
     KIMI_ROCM_BACKEND,
     KIMI_ROCM_MODULE,
     SUPPORTED_VLLM,
@@ -52,9 +55,23 @@ from chunkmeta.integrations.vllm.interface import (
     vllm_version,
 )
 from chunkmeta.integrations.vllm.kimi_k3 import prepare_chunk_metadata_device
+from chunkmeta.integrations.vllm.tables import (
+    CONV_BLOCK_M,
+    CUTEDSL,
+    FLA_CHUNK_SIZE,
+    RING_DEPTH,
+    Serves,
+    conv_fields,
+    fla_fields,
+    specs,
+    ssd_fields,
+    step_builder,
+    warm_up,
+)
 from chunkmeta.integrations.vllm.wiring import install, installed, opt_in, pending, register, uninstall
 
 __all__ = [
+    "CONV_BLOCK_M",
     "CUTEDSL",
     "ENV_VAR",
     "FLA_CHUNK_SIZE",
@@ -63,16 +80,22 @@ __all__ = [
     "HOOKLESS_BACKENDS",
     "HOOK_PARAMS",
     "INIT_PARAMS",
+    "KIMI_NVIDIA_BACKEND",
+    "KIMI_NVIDIA_MODULE",
     "KIMI_ROCM_BACKEND",
     "KIMI_ROCM_MODULE",
     "RING_DEPTH",
     "SUPPORTED_VLLM",
     "ChunkmetaBuilderMixin",
+    "GdnFamilyMixin",
+    "MambaFamilyMixin",
+    "Serves",
     "VllmApi",
-    "builder_for_config",
     "check_api",
     "chunkmeta_builder_class",
-    "cutedsl_layout",
+    "conv_fields",
+    "conv_metadata",
+    "fla_fields",
     "install",
     "installed",
     "is_supported_version",
@@ -82,6 +105,11 @@ __all__ = [
     "pending",
     "prepare_chunk_metadata_device",
     "register",
+    "serves_for",
+    "specs",
+    "ssd_fields",
+    "stats",
+    "step_builder",
     "uninstall",
     "vllm_version",
     "warm_up",

@@ -1,129 +1,226 @@
-"""The chunkmeta builders: vLLM GDN-family metadata builders whose chunk-metadata hook chunkmeta serves.
+"""The chunkmeta builders: vLLM's hybrid metadata builders whose per-step prefill tables chunkmeta makes.
 
-``GDNAttentionMetadataBuilder.build()`` (``vllm/v1/attention/backends/gdn_attn.py``) calls, once
-per step and only when the batch has prefills, ``_build_chunk_metadata(prefill_query_start_loc,
-prefill_query_start_loc_cpu, device) -> (chunk_indices, chunk_offsets)`` on the prefill slice
-(rebased to start at 0, decodes peeled off the front, trailing zero-length padding rows possibly
-left in). Its default derives the tables on the host from the CPU copy and copies them over; the
-ROCm Kimi-K3 builder (``vllm/models/kimi_k3/amd/kda_metadata.py``) allocates fresh tensors and
-runs a serial per-sequence kernel. Here the hook is one device launch into a persistent builder's
-ring buffers: no sync, no host->device copy.
+vLLM 0.33.0 builds them inside ``build()`` at three points, each overridden at that point only:
+
+* ``GDNAttentionMetadataBuilder._build_chunk_metadata`` (FLA ``chunk_indices`` / ``chunk_offsets``
+  of the prefill slice; host helpers + two H2D copies, or CuteDSL's kernel);
+* ``compute_causal_conv1d_metadata`` (``v1/attention/backends/utils.py``), a module function
+  that ``gdn_attn``, ``mamba_attn`` (Mamba1, Mamba2, ShortConv) and Kimi-K3 NVIDIA's
+  ``kda_metadata`` call by name: its name in those modules is replaced (``wiring``) by
+  ``conv_metadata``, which answers vLLM's call only inside a chunkmeta builder's ``build()``;
+* ``BaseMambaAttentionMetadataBuilder._build_chunk_metadata_tensors`` (Mamba2's SSD tables: a
+  Python loop per chunk and 3-4 H2D copies).
+
+Inside a chunkmeta builder's ``build()`` each point records what vLLM asked for and returns
+None for its tables; when vLLM's ``build()`` returns, one ``StepTablesBuilder`` launch makes
+every table from the very tensors the metadata holds (``non_spec_query_start_loc``,
+``query_start_loc_p``), and they are set on that metadata before vLLM sees it. A step chunkmeta
+cannot build (over capacity, input it refuses) gets vLLM's own functions, called with the
+arguments vLLM gave: one warning per cause, counted in ``chunkmeta_stats()``.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import types
+import weakref
 
 import torch
 
-from chunkmeta.builder import ChunkMetadataBuilder
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations.vllm import tables as _tables
 from chunkmeta.integrations.vllm.interface import logger
-from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.integrations.vllm.tables import CUTEDSL, Serves
 
-# vllm.third_party.flash_linear_attention.ops.utils.FLA_CHUNK_SIZE: every builder hook uses it.
-FLA_CHUNK_SIZE = 64
-# A vLLM builder builds once per step (DBO micro-batches have builders of their own), and only
-# that step's forward reads the tables. On one stream the next fill queues after that forward,
-# so the GPU side is safe at any depth; four slots also keep a step's tables intact while the
-# host runs up to three steps ahead (async scheduling).
-RING_DEPTH = 4
-# gdn_prefill_backend values whose build() never calls the hook: FlashInfer reads cu_seqlens
-# itself, AITER FlyDSL brings its own metadata. chunkmeta allocates nothing for them.
+# gdn_prefill_backend values whose build() never calls _build_chunk_metadata: FlashInfer reads
+# cu_seqlens itself, AITER FlyDSL brings its own metadata. Their conv tables are still served.
 HOOKLESS_BACKENDS = frozenset({"flashinfer", "aiter_flydsl"})
-CUTEDSL = "cutedsl"
+
+_LOCAL = threading.local()  # .request: the StepRequest of the chunkmeta build() running on this thread
+_BUILDERS: weakref.WeakSet = weakref.WeakSet()
 
 
-def builder_for_config(vllm_config, device, prefill_backend: str | None = None) -> ChunkMetadataBuilder:
-    """A persistent ChunkMetadataBuilder for one vLLM builder, sized to the scheduler's limits.
+class StepRequest:
+    """What vLLM's ``build()`` asked for at the overridden points, with the arguments it gave."""
 
-    vLLM's runners size their ``query_start_loc`` buffer to ``max_num_seqs + 1`` entries and
-    their token buffers to ``max_num_batched_tokens`` (CUDA-graph padding included), so every
-    prefill slice fits. For CuteDSL GDN the fill writes ``chunk_offsets`` as int32 itself.
-    """
-    scheduler = vllm_config.scheduler_config
-    return ChunkMetadataBuilder(
-        scheduler.max_num_seqs,
-        scheduler.max_num_batched_tokens,
-        chunk_size=FLA_CHUNK_SIZE,
-        device=device,
-        ring_depth=RING_DEPTH,
-        offsets_dtype=torch.int32 if prefill_backend == CUTEDSL else torch.int64,
-    )
+    __slots__ = ("owner", "fla", "conv", "conv_served", "ssd")
 
+    def __init__(self, owner):
+        self.owner = owner
+        self.fla = None  # (prefill_query_start_loc, prefill_query_start_loc_cpu, device)
+        self.conv = None  # (vLLM's function, query_start_loc_cpu, device)
+        self.conv_served = False
+        self.ssd = None  # (chunk_size, common, common_attn_metadata, checkpoint_offsets_p)
 
-def warm_up(builder: ChunkMetadataBuilder) -> None:
-    """One build when vLLM creates its builder: the fill kernel (Triton) and the host plan compile
-    at startup rather than in the first request's step, and a fill that cannot run on this
-    platform shows up here, where the builder can still keep vLLM's own path. Uses one ring slot."""
-    query_start_loc_cpu = torch.tensor([0, 1], dtype=torch.int32)  # int32, as vLLM's
-    builder.build(query_start_loc_cpu.to(builder.device), query_start_loc_cpu)
+    @property
+    def asked(self) -> bool:
+        return self.fla is not None or self.conv is not None or self.ssd is not None
 
 
-def cutedsl_layout(metadata: ChunkMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables in CuteDSL GDN's layout (``gdn_chunk_cutedsl.prepare_metadata_cutedsl``).
+def _request_of(builder) -> StepRequest | None:
+    request = getattr(_LOCAL, "request", None)
+    return request if request is not None and request.owner is builder else None
 
-    CuteDSL takes int32 ``chunk_indices [UB, 2]`` with any ``UB >= NT`` (it sizes its workspaces
-    from ``UB`` and never reads rows past ``NT``) and int32 ``chunk_offsets [N+1]`` whose last
-    entry, the real ``NT``, its persistent kernels read on the device. vLLM's own ``UB`` is a
-    worst case from the host token count; chunkmeta knows ``NT`` exactly, so ``UB = NT``: every
-    row is real and the workspaces are no larger than needed. The offsets come int32 from the
-    fill (``builder_for_config``): no cast per step.
-    """
-    if metadata.chunk_offsets.dtype != torch.int32:
-        raise ChunkMetaError("CuteDSL GDN reads int32 chunk_offsets: build with offsets_dtype=torch.int32.")
-    return metadata.chunk_indices, metadata.chunk_offsets
+
+def conv_metadata(original):
+    """The stand-in for ``compute_causal_conv1d_metadata`` in a vLLM module that imported it
+    (same signature): inside a chunkmeta build it records the call (None tables, set after the
+    build); anywhere else, and for a builder that does not serve conv, vLLM's ``original``."""
+
+    def compute_causal_conv1d_metadata(query_start_loc_p_cpu, *, device):
+        request = getattr(_LOCAL, "request", None)
+        if request is None or request.conv is not None:
+            return original(query_start_loc_p_cpu, device=device)
+        request.conv = (original, query_start_loc_p_cpu, device)
+        if not request.owner._chunkmeta_serves.conv:
+            return original(query_start_loc_p_cpu, device=device)
+        request.conv_served = True
+        return None, None, None
+
+    compute_causal_conv1d_metadata.__wrapped__ = original
+    compute_causal_conv1d_metadata.__qualname__ = "chunkmeta.compute_causal_conv1d_metadata"
+    return compute_causal_conv1d_metadata
 
 
 class ChunkmetaBuilderMixin:
-    """Goes in front of a vLLM GDN-family metadata builder; replaces only ``_build_chunk_metadata``.
+    """Goes in front of a vLLM hybrid metadata builder (``chunkmeta_builder_class``).
 
-    Use through ``chunkmeta_builder_class(base)`` (which ``install()`` does). ``self.chunkmeta``
-    is this builder's ``ChunkMetadataBuilder`` (None where the hook keeps vLLM's own path: a
-    prefill backend that never calls it, or limits chunkmeta cannot hold).
-    ``self.chunkmeta_fallbacks`` counts steps served by vLLM's own path instead.
+    ``self.chunkmeta`` is this builder's ``StepTablesBuilder`` (None where vLLM's own path stays:
+    limits or a platform chunkmeta cannot serve). ``chunkmeta_stats()``: steps built, tables
+    served, fallbacks per cause.
     """
 
+    _chunkmeta_serves = Serves()
     _chunkmeta_reuse_block_table = False  # set by chunkmeta_builder_class for the stock GDN builder
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs)
-        self.chunkmeta: ChunkMetadataBuilder | None = None
+        self.chunkmeta = None
         self.chunkmeta_fallbacks = 0
+        self._chunkmeta_causes: dict[str, int] = {}
+        self._chunkmeta_served: dict[str, int] = {}
+        self._chunkmeta_routes = None
         if self._chunkmeta_reuse_block_table:
             self._restore_block_table_reuse(vllm_config, device)
-        prefill_backend = getattr(self, "gdn_prefill_backend", None)
-        if prefill_backend in HOOKLESS_BACKENDS:
-            logger.info(
-                "chunkmeta: gdn_prefill_backend=%r builds no FLA chunk metadata; nothing to do", prefill_backend
-            )
-            return
         try:
-            chunkmeta = builder_for_config(vllm_config, device, prefill_backend)
-            warm_up(chunkmeta)
+            specs = self._chunkmeta_specs(vllm_config)
+            if not specs:
+                return
+            self.chunkmeta = _tables.step_builder(vllm_config, device, specs)
+            _tables.warm_up(self.chunkmeta)
+            self._chunkmeta_setup()
         except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
+            self.chunkmeta = None
             logger.warning(
-                "chunkmeta: %s keeps vLLM's own chunk metadata: %s: %s", type(self).__name__, type(exc).__name__, exc
+                "chunkmeta: %s keeps vLLM's own step tables: %s: %s", type(self).__name__, type(exc).__name__, exc
             )
         else:
-            self.chunkmeta = chunkmeta
+            _BUILDERS.add(self)
+
+    def _chunkmeta_specs(self, vllm_config) -> dict:
+        return _tables.specs(self._chunkmeta_serves)
+
+    def _chunkmeta_setup(self) -> None:
+        pass
 
     def _restore_block_table_reuse(self, vllm_config, device) -> None:
         # vLLM turns MRV2's metadata reuse across KV-cache groups off for any subclass
         # (`type(self) is GDNAttentionMetadataBuilder`), because KDA subclasses keep per-group
-        # checkpoint state. A chunkmeta GDN builder differs from the stock one only in the chunk
+        # checkpoint state. A chunkmeta GDN builder differs from the stock one only in the step
         # tables, which are batch-level like the rest, so it opts back in on the same
         # conditions as the stock builder; otherwise every group would build every step.
         if getattr(vllm_config, "use_v2_model_runner", False) and torch.device(device).type == "cuda":
             self.supports_update_block_table = True
             self.mamba_aligned_state_indices = None
 
+    # -- the step ------------------------------------------------------------------------------
+
+    def build(self, *args, **kwargs):
+        if self.chunkmeta is None:
+            return super().build(*args, **kwargs)
+        request = StepRequest(self)
+        outer = getattr(_LOCAL, "request", None)
+        _LOCAL.request = request
+        try:
+            metadata = super().build(*args, **kwargs)
+        finally:
+            _LOCAL.request = outer
+        if self._chunkmeta_routes is not None:
+            self._chunkmeta_routes.clear()
+        if request.asked:
+            try:
+                self._chunkmeta_serve(metadata, request)
+            except ChunkMetaError as exc:
+                # The step builder validates everything before it writes, and vLLM's functions
+                # are pure in the arguments recorded: called now they give what vLLM would have.
+                self._chunkmeta_fall_back(exc)
+                self._vllm_tables(metadata, request)
+        return metadata
+
+    def _chunkmeta_serve(self, metadata, request: StepRequest) -> None:
+        raise NotImplementedError
+
+    def _vllm_tables(self, metadata, request: StepRequest) -> None:
+        if request.conv_served:
+            original, query_start_loc_cpu, device = request.conv
+            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = original(
+                query_start_loc_cpu, device=device
+            )
+
+    def _chunkmeta_count(self, names) -> None:
+        for name in names:
+            self._chunkmeta_served[name] = self._chunkmeta_served.get(name, 0) + 1
+
+    def _chunkmeta_fall_back(self, exc: ChunkMetaError) -> None:
+        self.chunkmeta_fallbacks += 1
+        cause = re.sub(r"-?\d+", "N", str(exc))  # one warning per kind of cause, whatever its values
+        count = self._chunkmeta_causes[cause] = self._chunkmeta_causes.get(cause, 0) + 1
+        (logger.warning if count == 1 else logger.debug)(
+            "chunkmeta: %s This step uses vLLM's own step tables (fallback %d; this cause: %d).",
+            exc,
+            self.chunkmeta_fallbacks,
+            count,
+        )
+
+    def chunkmeta_stats(self) -> dict:
+        """Host counters: steps chunkmeta built (warm-up excluded), tables served, fallbacks per cause."""
+        builds = self.chunkmeta.builds - 1 if self.chunkmeta is not None else 0
+        return {
+            "active": self.chunkmeta is not None,
+            "builds": builds,
+            "served": dict(self._chunkmeta_served),
+            "fallbacks": self.chunkmeta_fallbacks,
+            "fallback_causes": dict(self._chunkmeta_causes),
+        }
+
+
+class GdnFamilyMixin(ChunkmetaBuilderMixin):
+    """GDN-family builders: the FLA hook, the conv tables (non-spec rows) and the router's routes."""
+
+    _chunkmeta_serves = Serves(fla=True, conv=True)
+
+    def _chunkmeta_specs(self, vllm_config) -> dict:
+        prefill_backend = getattr(self, "gdn_prefill_backend", None)
+        if prefill_backend in HOOKLESS_BACKENDS:
+            logger.info(
+                "chunkmeta: gdn_prefill_backend=%r builds no FLA tables; chunkmeta serves the rest", prefill_backend
+            )
+        return _tables.specs(self._chunkmeta_serves, prefill_backend=prefill_backend)
+
+    def _chunkmeta_setup(self) -> None:
+        from chunkmeta.integrations.vllm.routing import StepRoutes
+
+        try:
+            self._chunkmeta_routes = StepRoutes()
+        except ImportError as exc:  # a vLLM without its vendored FLA: nothing to route
+            logger.info("chunkmeta: no FLA router for %s: %s", type(self).__name__, exc)
+
     @staticmethod
     def _check_chunk_metadata_override(builder_cls, backend):
         # vLLM refuses a builder that overrides the hook under "aiter_flydsl" (whose build()
-        # never calls it, so the override would be silently lost). chunkmeta has nothing to do
-        # there and stands aside (see __init__) instead of stopping vLLM's startup; the wrapped
+        # never calls it, so the override would be silently lost). chunkmeta has no FLA tables
+        # to give there and stands aside instead of stopping vLLM's startup; the wrapped
         # builder's own check still applies to the wrapped builder.
         base = wrapped_builder(builder_cls)
         check = getattr(base, "_check_chunk_metadata_override", None)
@@ -131,57 +228,202 @@ class ChunkmetaBuilderMixin:
             check(base, backend)
 
     def _build_chunk_metadata(self, prefill_query_start_loc, prefill_query_start_loc_cpu, device):
-        builder = self.chunkmeta
-        if builder is None:
+        request = _request_of(self)
+        if request is None:
             return super()._build_chunk_metadata(prefill_query_start_loc, prefill_query_start_loc_cpu, device)
-        try:
-            # Sizes come from the host copy; the device copy is read only by the fill.
-            metadata = builder.build(prefill_query_start_loc, prefill_query_start_loc_cpu)
-        except ChunkMetaError as exc:
-            # Validation runs before anything is written, so vLLM's own path is still exact.
-            self.chunkmeta_fallbacks += 1
-            (logger.warning if self.chunkmeta_fallbacks == 1 else logger.debug)(
-                "chunkmeta: %s This step uses vLLM's own chunk metadata (fallback %d).",
-                exc,
-                self.chunkmeta_fallbacks,
+        request.fla = (prefill_query_start_loc, prefill_query_start_loc_cpu, device)
+        return None, None
+
+    def _chunkmeta_serve(self, metadata, request: StepRequest) -> None:
+        from chunkmeta.integrations.vllm.routing import Route
+
+        batch_qsl = getattr(metadata, "non_spec_query_start_loc", None)
+        prefill_qsl = getattr(metadata, "prefill_query_start_loc", None)
+        if request.conv is not None and batch_qsl is not None:
+            # the non-spec rows: decodes, prefills, padding; the prefill slice is the same
+            # object, or the rows after the decodes that build() peeled off and rebased
+            qsl, qsl_cpu = batch_qsl, request.conv[1]
+            first_seq = 0 if prefill_qsl is None or prefill_qsl is batch_qsl else metadata.num_decodes
+        elif request.fla is not None:
+            qsl, qsl_cpu, _ = request.fla
+            prefill_qsl, batch_qsl, first_seq = qsl, None, 0
+        else:
+            raise ChunkMetaError(f"{type(metadata).__name__} has no non_spec_query_start_loc to build the step on.")
+        if request.fla is not None and request.fla[1].shape[0] != qsl_cpu.shape[0] - first_seq:
+            raise ChunkMetaError(
+                f"the prefill slice has {request.fla[1].shape[0] - 1} rows, not the {qsl_cpu.shape[0] - 1 - first_seq} "
+                "after the decodes: this build() splits the batch in a way chunkmeta does not know."
             )
-            return super()._build_chunk_metadata(prefill_query_start_loc, prefill_query_start_loc_cpu, device)
-        if getattr(self, "gdn_prefill_backend", None) == CUTEDSL:
-            return cutedsl_layout(metadata)
-        chunk_indices = metadata.chunk_indices
-        if chunk_indices.dtype != prefill_query_start_loc.dtype:
-            # vLLM's helpers give chunk_indices the dtype of cu_seqlens (int32 in every runner).
-            chunk_indices = chunk_indices.to(prefill_query_start_loc.dtype)
-        return chunk_indices, metadata.chunk_offsets
+        step = self.chunkmeta.build(qsl, qsl_cpu, first_seq=first_seq)
+        prefill_backend = getattr(self, "gdn_prefill_backend", None)
+        served = []
+        if request.fla is not None:
+            fields = _tables.fla_fields(step["fla"], request.fla[0], prefill_backend)
+            metadata.chunk_indices, metadata.chunk_offsets = fields
+            served.append("fla")
+        if request.conv_served:
+            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = _tables.conv_fields(step["conv"])
+            served.append("conv")
+        self._chunkmeta_count(served)
+        routes = {}
+        if prefill_qsl is not None and prefill_backend != CUTEDSL:  # CuteDSL's offsets are int32, FLA's int64
+            routes["prefill"] = Route(prefill_qsl, step["fla"])
+        if batch_qsl is not None:
+            routes["batch"] = Route(batch_qsl, step["fla_batch"])
+        if self._chunkmeta_routes is not None:
+            self._chunkmeta_routes.set(routes)
+
+    def _vllm_tables(self, metadata, request: StepRequest) -> None:
+        super()._vllm_tables(metadata, request)
+        if request.fla is not None:
+            metadata.chunk_indices, metadata.chunk_offsets = super()._build_chunk_metadata(*request.fla)
+
+
+class MambaFamilyMixin(ChunkmetaBuilderMixin):
+    """Mamba-family builders (``BaseMambaAttentionMetadataBuilder``): the conv tables of the
+    prefill rows, and for Mamba2 its SSD chunk tables."""
+
+    _chunkmeta_serves = Serves(conv=True)
+
+    def _chunkmeta_specs(self, vllm_config) -> dict:
+        serves = self._chunkmeta_serves
+        if not getattr(self, "needs_causal_conv1d_metadata", True):
+            serves = Serves(ssd=serves.ssd)
+        return _tables.specs(serves, mamba_chunk_size=getattr(self, "chunk_size", None))
+
+    def _chunkmeta_setup(self) -> None:
+        if self._chunkmeta_serves.ssd:
+            # checkpoint offsets of a step without checkpoints (the SSD fill always reads them)
+            seqs = self.chunkmeta.capacity.seqs
+            self._chunkmeta_zeros = (
+                torch.zeros(seqs, dtype=torch.int32, device=self.chunkmeta.device),
+                torch.zeros(seqs, dtype=torch.int32),
+            )
+
+    def _build_chunk_metadata_tensors(self, chunk_size, common, common_attn_metadata, checkpoint_offsets_p=None):
+        request = _request_of(self)
+        if request is None or not self._chunkmeta_serves.ssd:
+            return super()._build_chunk_metadata_tensors(chunk_size, common, common_attn_metadata, checkpoint_offsets_p)
+        request.ssd = (chunk_size, common, common_attn_metadata, checkpoint_offsets_p)
+        return None, None, None, None
+
+    def _chunkmeta_serve(self, metadata, request: StepRequest) -> None:
+        qsl = metadata.query_start_loc_p  # the prefill rows, rebased: what both tables describe
+        rows = {}
+        if request.ssd is not None:
+            chunk_size, common, m, _ = request.ssd
+            built_for = self.chunkmeta.specs["ssd"].chunk_size
+            if chunk_size != built_for:
+                raise ChunkMetaError(f"chunk_size={chunk_size} is not the {built_for} the SSD tables are built for.")
+            num_reqs, num_prefills = common.num_reqs, common.num_prefills
+            # vLLM's own host derivation (seq_lens_cpu_upper_bound is exact on prefill rows)
+            computed_cpu, qsl_cpu = self._prefill_cpu_metadata(m, num_reqs, num_prefills, common.num_decode_tokens)
+            computed = m.compute_num_computed_tokens()[num_reqs - num_prefills : num_reqs]
+            checkpoint = getattr(metadata, "checkpoint_meta", None)
+            if checkpoint is not None:
+                offsets = checkpoint.checkpoint_offsets
+                offsets_cpu = torch.tensor(checkpoint.offsets, dtype=torch.int32)
+            else:
+                offsets, offsets_cpu = (z[:num_prefills] for z in self._chunkmeta_zeros)
+            rows = dict(
+                num_computed_tokens=computed,
+                num_computed_tokens_cpu=computed_cpu,
+                checkpoint_offsets=offsets,
+                checkpoint_offsets_cpu=offsets_cpu,
+            )
+        elif request.conv is not None:
+            qsl_cpu = request.conv[1]
+        if request.conv is not None and request.ssd is not None and request.conv[1].shape != qsl_cpu.shape:
+            raise ChunkMetaError("the conv and SSD tables of this step describe different rows.")
+        step = self.chunkmeta.build(qsl, qsl_cpu, **rows)
+        served = []
+        if request.conv_served:
+            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = _tables.conv_fields(step["conv"])
+            served.append("conv")
+        if request.ssd is not None:
+            (
+                metadata.cu_chunk_seqlen_p,
+                metadata.seq_idx_p,
+                metadata.last_chunk_indices_p,
+                metadata.checkpoint_chunk_idx,
+            ) = _tables.ssd_fields(step["ssd"])
+            served.append("ssd")
+        self._chunkmeta_count(served)
+
+    def _vllm_tables(self, metadata, request: StepRequest) -> None:
+        super()._vllm_tables(metadata, request)
+        if request.ssd is not None:
+            (
+                metadata.cu_chunk_seqlen_p,
+                metadata.seq_idx_p,
+                metadata.last_chunk_indices_p,
+                metadata.checkpoint_chunk_idx,
+            ) = super()._build_chunk_metadata_tensors(*request.ssd)
 
 
 def wrapped_builder(cls: type) -> type:
-    """The vLLM builder a chunkmeta builder class wraps: the class after the mixin in its MRO."""
+    """The vLLM builder a chunkmeta builder class wraps: the class after the mixins in its MRO."""
     mro = cls.__mro__
     return mro[mro.index(ChunkmetaBuilderMixin) + 1]
 
 
-_CLASSES: dict[tuple[type, bool], type] = {}
+def stats() -> dict:
+    """The counters of every live chunkmeta builder, summed, with the vLLM router's hits."""
+    total = {"builders": 0, "active": 0, "builds": 0, "served": {}, "fallbacks": 0, "fallback_causes": {}}
+    for builder in list(_BUILDERS):
+        one = builder.chunkmeta_stats()
+        total["builders"] += 1
+        total["active"] += one["active"]
+        total["builds"] += one["builds"]
+        total["fallbacks"] += one["fallbacks"]
+        for key in ("served", "fallback_causes"):
+            for name, count in one[key].items():
+                total[key][name] = total[key].get(name, 0) + count
+    from chunkmeta.integrations.vllm import routing
+
+    if routing._ROUTER is not None:
+        total["router_hits"], total["router_misses"] = routing._ROUTER.hits, routing._ROUTER.misses
+    return total
+
+
+_CLASSES: dict[tuple, type] = {}
 _CLASSES_LOCK = threading.Lock()
 
 
+def serves_for(base: type) -> Serves:
+    """What chunkmeta serves for a vLLM builder class, from its family (by vLLM's class names:
+    ``interface``). The ROCm Kimi-K3 builder keeps vLLM's conv tables: its fused AITER conv
+    reads metadata fields that cannot be checked here."""
+    from chunkmeta.integrations.vllm.interface import KIMI_ROCM_BUILDER, MAMBA2_BUILDER, is_gdn_family
+
+    names = {klass.__name__ for klass in base.__mro__}
+    if is_gdn_family(base):
+        return Serves(fla=True, conv=KIMI_ROCM_BUILDER not in names)
+    return Serves(conv=True, ssd=MAMBA2_BUILDER in names)
+
+
 def chunkmeta_builder_class(base: type, *, reuse_block_table: bool = False) -> type:
-    """``ChunkmetaBuilderMixin`` in front of ``base`` (one class per base: vLLM groups layers
-    and reuses metadata by builder type)."""
+    """The chunkmeta mixin of ``base``'s family in front of ``base`` (one class per base: vLLM
+    groups layers and reuses metadata by builder type)."""
     if issubclass(base, ChunkmetaBuilderMixin):
         return base
+    from chunkmeta.integrations.vllm.interface import is_gdn_family
+
     key = (base, reuse_block_table)
     with _CLASSES_LOCK:
         cls = _CLASSES.get(key)
         if cls is None:
+            serves = serves_for(base)
+            mixin = GdnFamilyMixin if is_gdn_family(base) else MambaFamilyMixin
 
             def body(namespace):
                 namespace.update(
                     __module__=__name__,
-                    __doc__=f"vLLM's {base.__name__} with its FLA chunk metadata built by chunkmeta.",
+                    __doc__=f"vLLM's {base.__name__} with its per-step prefill tables built by chunkmeta.",
                     _chunkmeta_reuse_block_table=reuse_block_table,
+                    _chunkmeta_serves=serves,
                 )
 
-            cls = types.new_class(f"Chunkmeta{base.__name__}", (ChunkmetaBuilderMixin, base), exec_body=body)
+            cls = types.new_class(f"Chunkmeta{base.__name__}", (mixin, base), exec_body=body)
             _CLASSES[key] = cls
     return cls

@@ -27,9 +27,31 @@ GATE = VersionGate(
 
 KIMI_ROCM_MODULE = "vllm.models.kimi_k3.amd.kda_metadata"
 KIMI_ROCM_BACKEND = "KimiK3ROCmKDABackend"
+KIMI_ROCM_BUILDER = "KimiK3ROCmKDAMetadataBuilder"
+KIMI_NVIDIA_MODULE = "vllm.models.kimi_k3.nvidia.kda_metadata"
+KIMI_NVIDIA_BACKEND = "KimiK3KDAAttentionBackend"
+MAMBA2_BUILDER = "Mamba2AttentionMetadataBuilder"
+# backends of the Mamba family, (module, backend class): their builders derive from
+# BaseMambaAttentionMetadataBuilder (v1/attention/backends/mamba_attn.py)
+MAMBA_BACKENDS = (
+    ("vllm.v1.attention.backends.mamba1_attn", "Mamba1AttentionBackend"),
+    ("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionBackend"),
+    ("vllm.v1.attention.backends.short_conv_attn", "ShortConvAttentionBackend"),
+)
+# the modules whose build() calls compute_causal_conv1d_metadata by name
+CONV_MODULES = ("vllm.v1.attention.backends.gdn_attn", "vllm.v1.attention.backends.mamba_attn")
+CONV_FUNCTION = "compute_causal_conv1d_metadata"
+CONV_PARAMS = ("query_start_loc_p_cpu", "device")
 HOOK = "_build_chunk_metadata"
 HOOK_PARAMS = ("self", "prefill_query_start_loc", "prefill_query_start_loc_cpu", "device")
+SSD_HOOK = "_build_chunk_metadata_tensors"
+SSD_HOOK_PARAMS = ("self", "chunk_size", "common", "common_attn_metadata", "checkpoint_offsets_p")
 INIT_PARAMS = ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")
+
+
+def is_gdn_family(builder: type) -> bool:
+    """A GDN-family builder (GDN, Kimi-K3): it has the FLA hook; the Mamba family has none."""
+    return hasattr(builder, HOOK)
 
 
 @attrs.frozen
@@ -47,6 +69,9 @@ class VllmApi:
     gdn_builder: type
     kimi_rocm_backend: type | None = None
     kimi_rocm_module: str | None = None
+    mamba_backends: tuple[type, ...] = ()
+    conv_modules: tuple = ()  # modules whose compute_causal_conv1d_metadata chunkmeta answers
+    kimi_nvidia_module: str | None = None  # wired when vLLM imports it (backend and conv call)
 
     def backends(self) -> tuple[type, ...]:
         return tuple(b for b in (self.gdn_backend, self.kimi_rocm_backend) if b is not None)
@@ -64,11 +89,21 @@ def load_vllm_api() -> VllmApi:
     version = vllm_version()
     if version is None:
         raise ChunkMetaError("chunkmeta.integrations.vllm needs vLLM: pip install 'chunkmeta[vllm]' (vllm==0.33.0).")
+    import importlib
+
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 
     kimi = getattr(sys.modules.get(KIMI_ROCM_MODULE), KIMI_ROCM_BACKEND, None)
+    mamba = tuple(getattr(importlib.import_module(module), name) for module, name in MAMBA_BACKENDS)
     return VllmApi(
-        version, GDNAttentionBackend, GDNAttentionMetadataBuilder, kimi, None if kimi is not None else KIMI_ROCM_MODULE
+        version,
+        GDNAttentionBackend,
+        GDNAttentionMetadataBuilder,
+        kimi,
+        None if kimi is not None else KIMI_ROCM_MODULE,
+        mamba_backends=mamba,
+        conv_modules=tuple(importlib.import_module(name) for name in CONV_MODULES),
+        kimi_nvidia_module=KIMI_NVIDIA_MODULE,
     )
 
 
@@ -96,7 +131,22 @@ def check_api(api: VllmApi) -> list[str]:
     if init is None or init[: len(INIT_PARAMS)] != INIT_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.__init__{init} does not start with {INIT_PARAMS}")
     problems += [p for backend in api.backends() for p in check_backend(backend, api.gdn_builder)]
+    for backend in api.mamba_backends:
+        builder = backend.get_builder_cls()
+        ssd = getattr(builder, SSD_HOOK, None)
+        if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
+            problems.append(f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}")
+    problems += [p for module in api.conv_modules for p in check_conv_module(module)]
     return problems
+
+
+def check_conv_module(module) -> list[str]:
+    """Problems with ``module``'s ``compute_causal_conv1d_metadata`` as the one chunkmeta answers."""
+    function = getattr(module, CONV_FUNCTION, None)
+    function = getattr(function, "__wrapped__", function)
+    if function is None or _param_names(function) != CONV_PARAMS:
+        return [f"{module.__name__}.{CONV_FUNCTION} is not {CONV_FUNCTION}{CONV_PARAMS}"]
+    return []
 
 
 def check_backend(backend: type, gdn_builder: type) -> list[str]:

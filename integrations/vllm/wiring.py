@@ -1,7 +1,10 @@
 """Wiring chunkmeta into the running vLLM: ``install()`` / ``uninstall()`` and the plugin entry point.
 
-``install()`` patches ``get_builder_cls`` of ``GDNAttentionBackend`` and of ``KimiK3ROCmKDABackend``
-(whose layer hard-codes it) to return the chunkmeta builders. Patching the backend class, rather
+``install()`` patches ``get_builder_cls`` of ``GDNAttentionBackend``, of the Mamba-family backends
+(Mamba1, Mamba2, ShortConv), of ``KimiK3KDAAttentionBackend`` (NVIDIA) and of
+``KimiK3ROCmKDABackend`` (whose layers hard-code them) to return the chunkmeta builders, and
+replaces ``compute_causal_conv1d_metadata`` in the modules whose ``build()`` calls it by name
+(``builders.conv_metadata``: vLLM's function outside a chunkmeta build). Patching the backend class, rather
 than overriding ``GDN_ATTN`` in vLLM's backend registry, keeps the backend's identity
 (``get_name()``, ``full_cls_name()``: the attention-group key), leaves other registry overrides
 alone, and is not defeated by the selector's ``@cache``. The Kimi-K3 module is patched when vLLM
@@ -13,8 +16,16 @@ from __future__ import annotations
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.vllm import interface
-from chunkmeta.integrations.vllm.builders import chunkmeta_builder_class
-from chunkmeta.integrations.vllm.interface import ENV_VAR, KIMI_ROCM_BACKEND, SUPPORTED_VLLM, VllmApi, logger
+from chunkmeta.integrations.vllm.builders import chunkmeta_builder_class, conv_metadata
+from chunkmeta.integrations.vllm.interface import (
+    CONV_FUNCTION,
+    ENV_VAR,
+    KIMI_NVIDIA_BACKEND,
+    KIMI_ROCM_BACKEND,
+    SUPPORTED_VLLM,
+    VllmApi,
+    logger,
+)
 
 _PATCHES = plugin.Patches(logger, "vLLM")
 
@@ -38,20 +49,35 @@ def _patch(backend: type, gdn_builder: type) -> type:
         return patch.value.__func__()
 
 
-def _wire_kimi_rocm(gdn_builder: type):
+def _patch_conv(module) -> None:
+    """``module.compute_causal_conv1d_metadata`` -> chunkmeta's stand-in over vLLM's function."""
+    with _PATCHES.lock:
+        if _PATCHES.current(module, CONV_FUNCTION) is None:
+            problems = interface.check_conv_module(module)
+            if problems:
+                raise ChunkMetaError("; ".join(problems))
+            _PATCHES.apply(module, CONV_FUNCTION, conv_metadata(getattr(module, CONV_FUNCTION)))
+
+
+def _wire_kimi(backend_name: str, gdn_builder: type, *, conv: bool):
+    """Wire a Kimi-K3 backend module when vLLM imports it (``conv``: its build() calls
+    ``compute_causal_conv1d_metadata`` by name, NVIDIA's; ROCm's goes through ``gdn_attn``)."""
+
     def wire(module):
-        backend = getattr(module, KIMI_ROCM_BACKEND)
+        backend = getattr(module, backend_name)
         problems = interface.check_backend(backend, gdn_builder)
         if problems:
             raise ChunkMetaError("; ".join(problems))
+        if conv:
+            _patch_conv(module)
         _patch(backend, gdn_builder)
-        logger.info("chunkmeta: %s wired to %s", KIMI_ROCM_BACKEND, backend.get_builder_cls().__name__)
+        logger.info("chunkmeta: %s wired to %s", backend_name, backend.get_builder_cls().__name__)
 
     return wire
 
 
 def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tuple[type, ...]:
-    """Route vLLM's GDN and ROCm Kimi-K3 KDA metadata builders through chunkmeta. Idempotent.
+    """Route vLLM's GDN, Kimi-K3 (NVIDIA, ROCm) and Mamba-family metadata builders through chunkmeta. Idempotent.
 
     Patches ``get_builder_cls`` of each backend in ``api`` (default: the running vLLM's) to
     return the chunkmeta builder over the builder it returned before; the Kimi-K3 ROCm backend
@@ -69,9 +95,13 @@ def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tupl
             f"Use vllm=={SUPPORTED_VLLM[-1]}."
         )
     with _PATCHES.lock:
-        builders = tuple(_patch(backend, api.gdn_builder) for backend in api.backends())
+        for module in api.conv_modules:
+            _patch_conv(module)
+        builders = tuple(_patch(backend, api.gdn_builder) for backend in (*api.backends(), *api.mamba_backends))
         if api.kimi_rocm_backend is None and api.kimi_rocm_module is not None:
-            _PATCHES.when_imported(api.kimi_rocm_module, _wire_kimi_rocm(api.gdn_builder))
+            _PATCHES.when_imported(api.kimi_rocm_module, _wire_kimi(KIMI_ROCM_BACKEND, api.gdn_builder, conv=False))
+        if api.kimi_nvidia_module is not None:
+            _PATCHES.when_imported(api.kimi_nvidia_module, _wire_kimi(KIMI_NVIDIA_BACKEND, api.gdn_builder, conv=True))
     return builders
 
 
@@ -82,7 +112,7 @@ def uninstall() -> None:
 
 def installed() -> dict[type, type]:
     """Backend class -> chunkmeta builder class, for what ``install()`` has patched so far."""
-    return {patch.owner: patch.value.__func__() for patch in _PATCHES.applied()}
+    return {patch.owner: patch.value.__func__() for patch in _PATCHES.applied() if patch.name == "get_builder_cls"}
 
 
 def pending() -> tuple[str, ...]:

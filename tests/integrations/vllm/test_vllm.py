@@ -19,9 +19,10 @@ import torch
 
 import vllm_fake as fake
 from checks import no_sync
-from chunkmeta import ChunkMetadataBuilder, ChunkMetaError
+from chunkmeta import ChunkMetaError
 from chunkmeta.integrations import vllm as adapter
 from chunkmeta.integrations.plugin import ImportHook
+from chunkmeta.step_builder import StepTablesBuilder
 from chunkmeta.workloads import random_decode_first
 
 pytest.importorskip("fla")
@@ -177,11 +178,13 @@ def test_tables_stay_intact_for_ring_depth_minus_one_builds():
 
 def test_builder_sized_from_the_scheduler_config():
     ours = make(cm_class(), max_num_seqs=48, max_num_batched_tokens=16384)
-    assert isinstance(ours.chunkmeta, ChunkMetadataBuilder)
+    assert isinstance(ours.chunkmeta, StepTablesBuilder)
     cap = ours.chunkmeta.capacity
     assert (cap.seqs, cap.tokens, cap.rows) == (48, 16384, 16384 // 64 + 48)
-    assert ours.chunkmeta.chunk_size == adapter.FLA_CHUNK_SIZE == fake.FLA_CHUNK_SIZE
-    assert ours.chunkmeta.ring_depth == adapter.RING_DEPTH and ours.chunkmeta.device == torch.device("cpu")
+    specs = ours.chunkmeta.specs
+    assert specs["fla"].chunk_size == specs["fla_batch"].chunk_size == adapter.FLA_CHUNK_SIZE == fake.FLA_CHUNK_SIZE
+    assert (specs["fla"].rows, specs["fla_batch"].rows, specs["conv"].block_m) == ("prefill", "batch", 8)
+    assert ours.chunkmeta.ring.arena.shape[0] == adapter.RING_DEPTH and ours.chunkmeta.device == torch.device("cpu")
     # everything else is the stock builder's
     assert ours.gdn_prefill_backend == "triton" and ours.decode_cudagraph_max_bs == 48
 
@@ -210,7 +213,7 @@ def test_warm_up_at_construction(monkeypatch, caplog):
     def broken(builder):
         raise RuntimeError("no Triton backend for this device")
 
-    monkeypatch.setattr(adapter.builders, "warm_up", broken)
+    monkeypatch.setattr(adapter.tables, "warm_up", broken)
     with caplog.at_level(logging.WARNING, logger=adapter.logger.name):
         ours = make(cm_class())
     assert ours.chunkmeta is None and "RuntimeError: no Triton backend" in caplog.text
@@ -239,7 +242,7 @@ def test_cutedsl_layout(name):
     ours = make(cm_class(), gdn_prefill_backend="cutedsl", spec=spec)
     got, want = build(ours, case), build(stock, case)
     assert got.chunk_indices.dtype == got.chunk_offsets.dtype == torch.int32
-    assert ours.chunkmeta.ring.chunk_offsets.dtype == torch.int32  # written int32 by the fill: no cast per step
+    assert ours.chunkmeta.specs["fla"].offsets_dtype == torch.int32  # written int32 by the fill: no cast per step
     assert torch.equal(got.chunk_offsets, want.chunk_offsets)  # int32 [N+1], last entry NT
     nt = int(want.chunk_offsets[-1])
     assert got.chunk_indices.shape == (nt, 2) and nt <= want.chunk_indices.shape[0]
@@ -255,8 +258,9 @@ def test_cutedsl_upper_bound_is_vllms_worst_case():
 
 @pytest.mark.parametrize("backend", ["flashinfer", "aiter_flydsl"])
 def test_backends_without_the_hook(backend):
-    """FlashInfer and AITER FlyDSL never call the hook: chunkmeta allocates nothing, and under
-    AITER (where vLLM refuses a builder that overrides the hook) it stands aside instead."""
+    """FlashInfer and AITER FlyDSL never call the hook: chunkmeta builds no FLA tables for it (the
+    conv tables and the router's are still served), and under AITER (where vLLM refuses a builder
+    that overrides the hook) it stands aside instead."""
     if backend == "aiter_flydsl":
 
         class Override(fake.GDNAttentionMetadataBuilder):
@@ -268,9 +272,9 @@ def test_backends_without_the_hook(backend):
         with pytest.raises(RuntimeError, match="aiter_flydsl"):  # and applies it to Kimi-K3's own hook
             make(cm_class(fake.KimiK3ROCmKDAMetadataBuilder), gdn_prefill_backend=backend)
     ours = make(cm_class(), gdn_prefill_backend=backend)
-    assert ours.chunkmeta is None
     md = build(ours, BATCHES["decode_first"])
     assert md.num_prefills == 6 and md.chunk_indices is None and ours.hook_calls == 0
+    assert ours.chunkmeta_stats()["builds"] == 0  # the model's build() asks for no table
 
 
 def test_mrv2_reuse_stays_off_on_cpu_like_vllm():

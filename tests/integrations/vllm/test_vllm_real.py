@@ -24,11 +24,11 @@ if importlib.util.find_spec("vllm") is None:
 if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
 
+import vllm_real_batches
 from chunkmeta.integrations import vllm as adapter
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
 kimi_rocm = pytest.importorskip("vllm.models.kimi_k3.amd.kda_metadata")
-from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -107,41 +107,8 @@ def clean_install():
     adapter.uninstall()
 
 
-def metadata(query_lens, context_lens):
-    """CommonAttentionMetadata as the runner makes it (padding rows: zero-length, at the end)."""
-    n = len(query_lens)
-    lens = torch.tensor(query_lens, dtype=torch.int32)
-    qsl = torch.zeros(n + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(lens, 0)
-    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
-    num_tokens = int(qsl[-1])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl.to(DEVICE),
-        query_start_loc_cpu=qsl,
-        seq_lens=seq_lens.to(DEVICE),
-        num_reqs=n,
-        num_actual_tokens=num_tokens,
-        max_query_len=max(query_lens),
-        max_seq_len=int(seq_lens.max()),
-        block_table_tensor=torch.arange(n * 64, dtype=torch.int32).view(n, 64),
-        slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
-        causal=True,
-        is_prefilling=torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens, strict=True)]),
-        seq_lens_cpu_upper_bound=seq_lens.clone(),
-    )
-
-
 def build(builder, case):
-    query_lens, context_lens, drafts = case
-    m = metadata(query_lens, context_lens)
-    if drafts is None:
-        return builder.build(0, m)
-    return builder.build(
-        0,
-        m,
-        num_accepted_tokens=torch.ones(len(query_lens), dtype=torch.int32),
-        num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32),
-    )
+    return vllm_real_batches.build(builder, case, DEVICE)
 
 
 def make(builder_cls, configs, spec=False):
@@ -168,7 +135,7 @@ def test_interface_is_the_one_the_adapter_patches():
     assert adapter.check_api(api) == []
     hook = tuple(inspect.signature(gdn_attn.GDNAttentionMetadataBuilder._build_chunk_metadata).parameters)
     assert hook == adapter.HOOK_PARAMS
-    assert tuple(inspect.signature(adapter.ChunkmetaBuilderMixin._build_chunk_metadata).parameters) == hook
+    assert tuple(inspect.signature(adapter.GdnFamilyMixin._build_chunk_metadata).parameters) == hook
     assert tuple(inspect.signature(kimi_rocm.KimiK3ROCmKDAMetadataBuilder._build_chunk_metadata).parameters) == hook
     assert (
         inspect.signature(adapter.prepare_chunk_metadata_device).parameters.keys()
@@ -242,7 +209,7 @@ def test_cutedsl_layout_on_the_real_builder(configs, monkeypatch):
     monkeypatch.setattr(qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda c: (resolve(c)[0], "cutedsl"))
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
     ours = make(cls, configs)
-    assert ours.gdn_prefill_backend == "cutedsl" and ours.chunkmeta.ring.chunk_offsets.dtype == torch.int32
+    assert ours.gdn_prefill_backend == "cutedsl" and ours.chunkmeta.specs["fla"].offsets_dtype == torch.int32
     got, want = build(ours, BATCHES["padded"]), build(stock, BATCHES["padded"])
     assert got.chunk_indices.dtype == got.chunk_offsets.dtype == torch.int32
     assert torch.equal(got.chunk_offsets, want.chunk_offsets.to(torch.int32))
@@ -323,8 +290,8 @@ FRESH_PROCESS = textwrap.dedent("""
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 
     assert issubclass(GDNAttentionBackend.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
-    assert adapter.pending() == (adapter.KIMI_ROCM_MODULE,), adapter.pending()
-    assert adapter.KIMI_ROCM_MODULE not in sys.modules
+    assert adapter.pending() == (adapter.KIMI_ROCM_MODULE, adapter.KIMI_NVIDIA_MODULE), adapter.pending()
+    assert adapter.KIMI_ROCM_MODULE not in sys.modules and adapter.KIMI_NVIDIA_MODULE not in sys.modules
     assert "vllm.third_party.flash_linear_attention.ops.utils" not in sys.modules
     import torch
 
@@ -332,6 +299,10 @@ FRESH_PROCESS = textwrap.dedent("""
     import vllm.models.kimi_k3.amd.kda_metadata as kimi
 
     assert issubclass(kimi.KimiK3ROCmKDABackend.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
+    assert adapter.KIMI_ROCM_MODULE not in adapter.pending()
+    import vllm.models.kimi_k3.nvidia.kda_metadata as kimi_nvidia
+
+    assert issubclass(kimi_nvidia.KimiK3KDAAttentionBackend.get_builder_cls(), adapter.GdnFamilyMixin)
     assert adapter.pending() == ()
     print("ok")
 """)

@@ -58,6 +58,7 @@ KINDS = (
     "demo",
     "step_tables",
     "sglang_mamba2",
+    "vllm_builders",
 )
 RECORD_SUFFIX = ".runs.jsonl"
 

@@ -13,6 +13,7 @@ def common_metadata(query_lens, context_lens, device):
     qsl[1:] = torch.cumsum(lens, 0)
     seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
     num_tokens = int(qsl[-1])
+    columns = max(64, -(-int(seq_lens.max()) // 16) + 1)  # enough 16-token blocks for the longest row
     return CommonAttentionMetadata(
         query_start_loc=qsl.to(device),
         query_start_loc_cpu=qsl,
@@ -21,7 +22,7 @@ def common_metadata(query_lens, context_lens, device):
         num_actual_tokens=num_tokens,
         max_query_len=max(query_lens),
         max_seq_len=int(seq_lens.max()),
-        block_table_tensor=torch.arange(n * 64, dtype=torch.int32, device=device).view(n, 64),
+        block_table_tensor=torch.arange(n * columns, dtype=torch.int32, device=device).view(n, columns),
         slot_mapping=torch.arange(num_tokens, dtype=torch.int64, device=device),
         causal=True,
         is_prefilling=torch.tensor([c == 0 and q > 0 for q, c in zip(query_lens, context_lens, strict=True)]),

@@ -1,0 +1,171 @@
+"""vLLM 0.33.0's real metadata builders: ``build()`` host time, stock against chunkmeta (issue 19).
+
+    python bench/vllm_builders.py --out DIR [--rounds 20]
+
+Per prefill workload (decodes + prefills, tokens; prefills with a cached prefix on every other
+row) and builder, the stock builder and its chunkmeta builder (``chunkmeta.integrations.vllm``)
+are called back to back, interleaved round by round, on the same CommonAttentionMetadata:
+
+* ``gdn_triton``, ``gdn_flashinfer``  ``GDNAttentionMetadataBuilder`` (Qwen3-Next's; the
+  flashinfer prefill backend is the resolver's choice on H100/H200, where vLLM still builds the
+  conv tables every prefill step);
+* ``kimi_k3``  ``KimiK3KDAMetadataBuilder`` (NVIDIA; its build() needs CUDA tensors);
+* ``mamba2``  ``Mamba2AttentionMetadataBuilder`` (conv + SSD tables).
+
+Prints the medians and stock / chunkmeta ratios; writes its record (``bench/results.py``:
+``vllm_builders.runs.jsonl``) under ``--out``. Runs on CPU (vLLM's CPU platform) and on a GPU
+machine with an installed vLLM or the carried ``.vllm_bundle`` (``source
+.vllm_bundle/setup_env.sh`` first: ``vllm_bootstrap`` is imported before vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+
+import results as runs
+import torch
+
+from chunkmeta.timing import host_us, median
+
+WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (8, 8, 8192), (32, 32, 16384), (64, 64, 32768)]
+MAX_NUM_SEQS, MAX_NUM_TOKENS, MAMBA_CHUNK = 256, 65536, 256
+
+
+def import_vllm():
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if importlib.util.find_spec("vllm_bootstrap") is not None:
+        import vllm_bootstrap  # noqa: F401
+
+
+def configs(root: str) -> dict:
+    from transformers import Mamba2Config, Qwen3NextConfig
+    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+
+    def model(config, name):
+        path = os.path.join(root, name)
+        config.save_pretrained(path)
+        return ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=32768)
+
+    qwen = Qwen3NextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    mamba = Mamba2Config(
+        hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1, vocab_size=128,
+        chunk_size=MAMBA_CHUNK, expand=2,
+    )  # fmt: skip
+
+    def scheduler():
+        return SchedulerConfig(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_TOKENS,
+            max_model_len=32768,
+            is_encoder_decoder=False,
+        )
+
+    return {
+        "gdn": VllmConfig(model_config=model(qwen, "qwen3_next"), scheduler_config=scheduler()),
+        "mamba": VllmConfig(model_config=model(mamba, "mamba2"), scheduler_config=scheduler()),
+    }
+
+
+def builders(cfg: dict, device) -> dict:
+    """name -> (stock builder, chunkmeta builder), or a reason it cannot run here."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from chunkmeta.integrations import vllm as adapter
+
+    adapter.install()
+
+    def spec(kind):
+        return MambaSpec(block_size=16, shapes=((4, 8), (2, 8, 8)), dtypes=(torch.bfloat16,) * 2, mamba_type=kind)
+
+    def pair(cls, config, kind=MambaAttentionBackendEnum.GDN_ATTN):
+        ours = adapter.chunkmeta_builder_class(cls)
+        return cls(spec(kind), ["layer"], config, device), ours(spec(kind), ["layer"], config, device)
+
+    out = {}
+    resolve = qwen_gdn_linear_attn._resolve_gdn_prefill_backend
+    for backend in ("triton", "flashinfer"):
+        qwen_gdn_linear_attn._resolve_gdn_prefill_backend = lambda c, b=backend: (resolve(c)[0], b)
+        try:
+            out[f"gdn_{backend}"] = pair(GDNAttentionMetadataBuilder, cfg["gdn"])
+        finally:
+            qwen_gdn_linear_attn._resolve_gdn_prefill_backend = resolve
+    if device.type == "cuda":
+        from vllm.models.kimi_k3.nvidia.kda_metadata import KimiK3KDAMetadataBuilder
+
+        out["kimi_k3"] = pair(KimiK3KDAMetadataBuilder, cfg["gdn"])
+    else:
+        out["kimi_k3"] = "its build() asserts CUDA tensors"
+    out["mamba2"] = pair(Mamba2AttentionMetadataBuilder, cfg["mamba"], MambaAttentionBackendEnum.MAMBA2)
+    return out
+
+
+def batch(decodes: int, prefills: int, tokens: int, device):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integrations", "vllm"))
+    from vllm_real_batches import common_metadata
+
+    per = (tokens - decodes) // prefills
+    query = [1] * decodes + [per] * (prefills - 1) + [tokens - decodes - per * (prefills - 1)]
+    context = [100] * decodes + [(i % 2) * 300 for i in range(prefills)]
+    return lambda: common_metadata(query, context, device)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args(argv)
+    import_vllm()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as root:
+        pairs = builders(configs(root), device)
+    figures = {"device": str(torch.cuda.get_device_name() if device.type == "cuda" else "cpu"), "rows": []}
+    print(f"{'builder':16} {'workload':>18} {'stock us':>10} {'chunkmeta us':>13} {'ratio':>7}")
+    for name, made in pairs.items():
+        if isinstance(made, str):
+            print(f"{name:16} not measured: {made}")
+            figures["rows"].append({"builder": name, "skipped": made})
+            continue
+        stock, ours = made
+        for decodes, prefills, tokens in WORKLOADS:
+            make = batch(decodes, prefills, tokens, device)
+            times = {"stock": [], "chunkmeta": []}
+            for _ in range(args.rounds):
+                for label, builder in (("stock", stock), ("chunkmeta", ours)):
+                    m = make()  # fresh per call: vLLM's runner makes new tensors every step
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    times[label].append(host_us(lambda b=builder, m=m: b.build(0, m)))
+            s, c = median(times["stock"]), median(times["chunkmeta"])
+            stats = ours.chunkmeta_stats()
+            print(f"{name:16} {decodes:>4}d+{prefills:>4}p/{tokens:>6}t {s:>10.1f} {c:>13.1f} {s / c:>6.1f}x")
+            figures["rows"].append(
+                {
+                    "builder": name,
+                    "decodes": decodes,
+                    "prefills": prefills,
+                    "tokens": tokens,
+                    "stock_us": s,
+                    "chunkmeta_us": c,
+                    "ratio": s / c,
+                    "fallbacks": stats["fallbacks"],
+                }
+            )
+    runs.save("vllm_builders", figures, script="bench/vllm_builders.py", argv=argv, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -27,6 +27,8 @@ A recipe is ``(outputs, top)``: ``outputs`` a tuple of ``(name, cls, fields)``, 
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from chunkmeta import tables as _tables
@@ -154,8 +156,7 @@ def results_maker(recipe, views: dict, make_view, lease, module):
             make_view,
             lease,
         )
-        make = module.results
-        return lambda slot, generation, counts, facts: make(compiled, slot, generation, counts, facts)
+        return functools.partial(module.results, compiled)  # no Python frame per build
     return python_results(recipe, views, make_view, lease)
 
 

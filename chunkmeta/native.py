@@ -2,7 +2,7 @@
 
 One small CPython extension, ``chunkmeta/csrc/host_build.c``, compiled on first use by
 ``chunkmeta.jit`` with the machine's C compiler (the one Triton needs anyway for its launchers)
-and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Three jobs:
+and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its jobs:
 
 * ``plan(address, n, is64, shift)``: one pass over a prefill slice of the host
   ``query_start_loc`` -> ``(bad_index, num_chunks, max_seqlen)``; ``bad_index`` is 0, or the
@@ -17,7 +17,8 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Three j
 * ``step(steps, ...)``: the same for ``chunkmeta.StepTablesBuilder``: every check, each kernel
   entry's rows, the host ``cu_seqlens`` copies and the launch of the step kernel (``make_steps``
   holds its constants; with no kernel it does the host side alone, as CPU builds use it). It
-  returns the counts and host facts; the builder makes the result objects.
+  returns the counts and host facts; ``results(recipe, ...)`` (``make_results`` compiles a
+  ``chunkmeta.results`` recipe) then makes the step's result objects.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as

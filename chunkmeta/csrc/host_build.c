@@ -1,11 +1,12 @@
 /* chunkmeta's host build: a CPython extension compiled on first use by chunkmeta.jit (for
-   chunkmeta.native) into $CHUNKMETA_CACHE_DIR. Four jobs:
+   chunkmeta.native) into $CHUNKMETA_CACHE_DIR. Its jobs:
    - plan(): one pass over a prefill slice of the host query_start_loc (sizes and the first bad
      index), for chunkmeta.plan;
    - make_fill() / build(): a CUDA builder's whole host side of a build in one call: validation,
      the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
      chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy;
-   - make_steps() / step(): the same for a step builder's tables (chunkmeta.step_builder);
+   - make_steps() / step(): the same for a step builder's tables (chunkmeta.step_builder), and
+     make_results() / results(): its result objects from a recipe (chunkmeta.results);
    - oneshot_plan() / launch_fill(): the one-shot's (chunkmeta.builder.build_chunk_metadata).
    MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
    different sources never collide in one process. */

@@ -285,6 +285,14 @@ class StepGraphBuild(_StaticGraph):
             if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1:
                 raise ChunkMetaError(f"{name} must be the engine's static 1-D device buffer (the tables read it).")
             _plan.check_row_tensor(name, tensor, tensor.shape[0], device)
+            # prepare() bounds a step's requests by the query_start_loc buffer only: a shorter row
+            # buffer would let the captured kernel read past its end
+            if tensor.shape[0] < query_start_loc.shape[0] - 1:
+                raise ChunkMetaError(
+                    f"{name} has {tensor.shape[0]} entries but the static query_start_loc buffer holds "
+                    f"{query_start_loc.shape[0]}: size it for one entry per request of the largest batch "
+                    f"({query_start_loc.shape[0] - 1})."
+                )
         try:  # the kernel reads its params on the device: the Triton kernel only
             resolve_backend("triton", device)
         except ChunkMetaError as exc:

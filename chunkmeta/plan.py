@@ -305,12 +305,18 @@ def verify_host_copy(query_start_loc, query_start_loc_cpu) -> None:
     """
     host = host_array(query_start_loc_cpu)
     check_device_tensor(query_start_loc, host.shape[0], None)
-    device = query_start_loc.cpu().numpy()  # the sync, deliberately
+    check_same_values("query_start_loc", query_start_loc, host)
+
+
+def check_same_values(name: str, tensor: torch.Tensor, host: np.ndarray) -> None:
+    """ChunkMetaError naming the first index where the device ``tensor`` and its host copy ``host``
+    (the same shape) differ. Reads the device: a sync."""
+    device = tensor.cpu().numpy()  # the sync, deliberately
     different = np.flatnonzero(device != host)
     if different.size:
         i = int(different[0])
         raise ChunkMetaError(
-            f"query_start_loc[{i}]={int(device[i])} on the device but query_start_loc_cpu[{i}]={int(host[i])}: "
+            f"{name}[{i}]={int(device[i])} on the device but {name}_cpu[{i}]={int(host[i])}: "
             "the host copy must hold the device tensor's values (copy them in the same scheduler step)."
         )
 

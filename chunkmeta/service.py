@@ -24,11 +24,18 @@ thread (or per model, or per stream) is safe.
 CUDA-graph mode: ``graph(query_start_loc_buffer)`` makes a ``GraphBuild`` over the engine's
 static buffer; ``capture_step()`` is the capture-time hook (queues the capturable fill),
 ``begin_graph_step(batch)`` the replay-time hook (host side before the engine replays).
+
+Step tables: ``ChunkMetaService(..., tables={name: spec})`` serves a ``StepTablesBuilder``
+instead: ``begin_step`` returns the step's ``StepTables`` (every table its layers read, one
+launch), the batch carries the Mamba2 tables' per-request arrays (``StepBatch``'s keyword-only
+fields), and graph mode is a ``StepGraphBuild``. The lifecycle, strict mode, threads, audit and
+stats are the same code; only what a build is differs (``_FlaSteps`` / ``_TableSteps``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 
@@ -36,17 +43,29 @@ import attrs
 import numpy as np
 import torch
 
+from chunkmeta import layout as _layout
+from chunkmeta import plan as _plan
+from chunkmeta import tables as _tables
 from chunkmeta.batch import StepBatch
 from chunkmeta.builder import ChunkMetadataBuilder
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.graph import GraphBuild
-from chunkmeta.metadata import ChunkMetadata
+from chunkmeta.graph import GraphBuild, StepGraphBuild
+from chunkmeta.metadata import ChunkMetadata, StepTables
 from chunkmeta.plan import verify_host_copy
+from chunkmeta.step_builder import StepTablesBuilder
+
+_SIZES = 3  # window columns before the rows: host ns, N, T
 
 
 @attrs.frozen(slots=True)
 class ServiceStats:
-    """A snapshot of the service's counters (host data only)."""
+    """A snapshot of the service's counters (host data only).
+
+    ``last_num_seqs`` / ``last_num_tokens``: the prefill slice's N and T. ``last_rows``: the rows
+    of each table of the last step (the FLA-only service's one table is ``"fla"``);
+    ``last_num_chunks``: their sum (the FLA-only service: NT). ``rows_use``: the fullest table's
+    rows over its capacity, max over the window.
+    """
 
     builds: int
     graph_steps: int
@@ -60,44 +79,210 @@ class ServiceStats:
     tokens_use: float
     rows_use: float
     staging_waits: int
+    last_rows: dict = attrs.field(factory=dict)
+
+
+class _FlaSteps:
+    """What a build is for the FLA-only service: one ``ChunkMetadata`` of the prefill slice."""
+
+    def __init__(self, builder: ChunkMetadataBuilder, pad: str):
+        self.builder = builder
+        self.pad = pad
+        self.row_names = ("fla",)
+        self.row_capacity = np.array([builder.capacity.rows], dtype=np.float64)
+        self.graph_buffers = ()
+
+    def build(self, batch: StepBatch) -> ChunkMetadata:
+        return self.builder.build(
+            batch.query_start_loc, batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs
+        )
+
+    def make_graph(self, query_start_loc, pad, num_computed_tokens, checkpoint_offsets) -> GraphBuild:
+        for name, given in (("num_computed_tokens", num_computed_tokens), ("checkpoint_offsets", checkpoint_offsets)):
+            if given is not None:
+                raise ChunkMetaError(
+                    f"graph({name}=...): the FLA-only service's tables read no per-request arrays; make the "
+                    "service with tables={...} for Mamba2 tables."
+                )
+        return GraphBuild(self.builder, query_start_loc, pad=pad)
+
+    def audit(self, batch: StepBatch) -> None:
+        """Nothing beyond ``query_start_loc``: the FLA tables read no per-request arrays."""
+
+    def prepare(self, graph: GraphBuild, batch: StepBatch) -> ChunkMetadata:
+        return graph.prepare(batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
+
+    def record(self, row: np.ndarray, metadata: ChunkMetadata, batch: StepBatch) -> None:
+        row[1] = metadata.num_seqs
+        row[2] = metadata.num_tokens
+        row[3] = metadata.num_chunks
+
+
+# the host int that counts each table's rows (its kernel entry's real rows)
+_ROWS = {
+    _tables.Fla: operator.attrgetter("num_chunks"),
+    _tables.Conv: operator.attrgetter("tot"),
+    _tables.Mamba2: operator.attrgetter("num_chunks"),
+    _tables.SglangMamba2: operator.attrgetter("num_logical_chunks"),
+}
+_ROW_ARRAYS = (("num_computed_tokens", "needs_computed"), ("checkpoint_offsets", "needs_checkpoints"))
+
+
+class _TableSteps:
+    """What a build is for a service made with ``tables=``: one ``StepTables`` of every table."""
+
+    def __init__(self, builder: StepTablesBuilder):
+        self.builder = builder
+        self.pad = builder.pad
+        self.row_names = tuple(builder.specs)
+        self._row_getters = [(name, _ROWS[type(spec)]) for name, spec in builder.specs.items()]
+        # a table's capacity: the rows of its last entry (SglangMamba2's logical chunks)
+        capacity = dict(zip(builder.layout.owners, builder.layout.rows_pad, strict=True))
+        self.row_capacity = np.array([max(1, capacity[name]) for name in self.row_names], dtype=np.float64)
+        # the per-request arrays the builder's tables read
+        self.row_arrays = [name for name, needs in _ROW_ARRAYS if getattr(builder, needs)]
+        self.graph_buffers: dict[str, torch.Tensor] = {}
+
+    def build(self, batch: StepBatch) -> StepTables:
+        return self.builder.build(
+            batch.query_start_loc,
+            batch.query_start_loc_cpu,
+            first_seq=batch.first_seq,
+            num_seqs=batch.num_seqs,
+            num_computed_tokens=batch.num_computed_tokens,
+            num_computed_tokens_cpu=batch.num_computed_tokens_cpu,
+            checkpoint_offsets=batch.checkpoint_offsets,
+            checkpoint_offsets_cpu=batch.checkpoint_offsets_cpu,
+        )
+
+    def make_graph(self, query_start_loc, pad, num_computed_tokens, checkpoint_offsets) -> StepGraphBuild:
+        if pad != self.builder.pad:
+            raise ChunkMetaError(
+                f"graph(pad={pad!r}): the step tables' padding is the builder's ({self.builder.pad!r}); make the "
+                "service with ChunkMetaService(..., tables=..., pad=...) to change it."
+            )
+        graph = StepGraphBuild(
+            self.builder,
+            query_start_loc,
+            num_computed_tokens=num_computed_tokens,
+            checkpoint_offsets=checkpoint_offsets,
+        )
+        given = {"num_computed_tokens": num_computed_tokens, "checkpoint_offsets": checkpoint_offsets}
+        self.graph_buffers = {name: given[name] for name in self.row_arrays}
+        return graph
+
+    def prepare(self, graph: StepGraphBuild, batch: StepBatch) -> StepTables:
+        # the captured kernel reads the static buffers it was captured with: a batch naming other
+        # tensors would get tables of the buffers' values, not of its own
+        for name, buffer in self.graph_buffers.items():
+            if getattr(batch, name) is not buffer:
+                raise ChunkMetaError(
+                    f"begin_graph_step: batch.{name} is not the static buffer the graph was captured with; write "
+                    f"the step's values into that buffer and pass it (and {name}_cpu, its host copy)."
+                )
+        return graph.prepare(
+            batch.query_start_loc_cpu,
+            first_seq=batch.first_seq,
+            num_seqs=batch.num_seqs,
+            num_computed_tokens_cpu=batch.num_computed_tokens_cpu,
+            checkpoint_offsets_cpu=batch.checkpoint_offsets_cpu,
+        )
+
+    def record(self, row: np.ndarray, tables: StepTables, batch: StepBatch) -> None:
+        # the build validated the host copy: N and T from it (no table holds both for every set)
+        host = _plan.host_array(batch.query_start_loc_cpu)
+        first = batch.first_seq
+        end = host.shape[0] - 1 if batch.num_seqs is None else first + batch.num_seqs
+        row[1] = end - first
+        row[2] = int(host[end]) - int(host[first])
+        for k, (name, rows) in enumerate(self._row_getters, _SIZES):
+            row[k] = rows(tables[name])
+
+    def audit(self, batch: StepBatch) -> None:
+        """The per-request arrays' device copies against their host copies (a sync)."""
+        for name in self.row_arrays:
+            device, host = getattr(batch, name), getattr(batch, f"{name}_cpu")
+            if device is None or host is None:
+                continue  # the build names what is missing
+            host = np.asarray(host)
+            if tuple(device.shape) != host.shape:
+                continue  # the build names the bad shape
+            _plan.check_same_values(name, device, host)
 
 
 class ChunkMetaService:
-    """Owns a ``ChunkMetadataBuilder`` and serves one ``ChunkMetadata`` per engine step."""
+    """Owns a builder and serves one per-step object per engine step: a ``ChunkMetadata`` from
+    a ``ChunkMetadataBuilder``, or with ``tables={name: spec}`` (``chunkmeta.tables``) a
+    ``StepTables`` from a ``StepTablesBuilder``.
+
+    ``chunk_size`` is the FLA-only service's (default 64; with ``tables`` each spec has its own).
+    ``pad``: the step tables' padding in graph mode (``StepTablesBuilder(pad=...)``), or the
+    FLA-only service's default for ``graph()`` (default ``"tail"``).
+    """
 
     def __init__(
         self,
         max_num_seqs: int,
         max_num_tokens: int,
         *,
-        chunk_size: int = 64,
+        chunk_size: int | None = None,
         device: torch.device | str,
         backend: str = "auto",
         ring_depth: int = 4,
         strict: bool = False,
         stats_window: int = 1024,
         audit_every: int = 0,
+        tables: dict | None = None,
+        pad: str = "tail",
     ):
-        self.builder = ChunkMetadataBuilder(
-            max_num_seqs, max_num_tokens, chunk_size=chunk_size, device=device, backend=backend, ring_depth=ring_depth
-        )
+        if tables is None:
+            self.builder = ChunkMetadataBuilder(
+                max_num_seqs,
+                max_num_tokens,
+                chunk_size=64 if chunk_size is None else chunk_size,
+                device=device,
+                backend=backend,
+                ring_depth=ring_depth,
+            )
+            # graph()'s default, checked now rather than at the first graph() call
+            _layout.check_pad(pad, _layout.PADS, max_num_tokens, self.builder.chunk_size)
+            self._steps = _FlaSteps(self.builder, pad)
+        else:
+            if chunk_size is not None:
+                raise ChunkMetaError(
+                    f"chunk_size={chunk_size!r} with tables=: each table has its own chunk size; give it in the "
+                    "specs (tables.Fla(chunk_size), tables.Mamba2(chunk_size=...))."
+                )
+            self.builder = StepTablesBuilder(
+                max_num_seqs,
+                max_num_tokens,
+                tables=tables,
+                device=device,
+                backend=backend,
+                ring_depth=ring_depth,
+                pad=pad,
+            )
+            self._steps = _TableSteps(self.builder)
         self.strict = strict
-        # audit_every > 0: every k-th step also checks the device query_start_loc against the host
-        # copy (a sync: a debugging aid, off by default); see plan.verify_host_copy.
+        # audit_every > 0: every k-th step also checks the device query_start_loc (and the step
+        # tables' per-request arrays) against the host copies (a sync: a debugging aid, off by
+        # default); see plan.verify_host_copy.
         self.audit_every = audit_every
-        self._current: ChunkMetadata | None = None
+        self._current: ChunkMetadata | StepTables | None = None
         self._current_step_id: int | None = None
-        self._graph: GraphBuild | None = None
+        self._graph: GraphBuild | StepGraphBuild | None = None
+        self._graph_args: tuple = ()
         self._graph_steps = 0
-        # host ns per build, and sizes, over a window (written in place: cheap enough to leave on)
-        self._window = np.zeros((stats_window, 4), dtype=np.int64)
+        # host ns, N, T and each table's rows per build, over a window (written in place: cheap
+        # enough to leave on)
+        self._window = np.zeros((stats_window, _SIZES + len(self._steps.row_names)), dtype=np.int64)
         self._recorded = 0
         self._thread: int | None = None  # the thread that drives steps (set on first use)
 
     # -- the step lifecycle ---------------------------------------------------------------
 
-    def begin_step(self, batch: StepBatch) -> ChunkMetadata:
-        """Build the step's metadata and make it ``current``. Raises if a step is open."""
+    def begin_step(self, batch: StepBatch) -> ChunkMetadata | StepTables:
+        """Build the step's metadata (or step tables) and make it ``current``. Raises if a step is open."""
         self._check_thread()
         if self._current is not None:
             raise ChunkMetaError(
@@ -106,16 +291,15 @@ class ChunkMetaService:
             )
         if self.audit_every and self._recorded % self.audit_every == 0:
             verify_host_copy(batch.query_start_loc, batch.query_start_loc_cpu)
+            self._steps.audit(batch)
         start = time.perf_counter_ns()
-        metadata = self.builder.build(
-            batch.query_start_loc, batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs
-        )
-        self._record(time.perf_counter_ns() - start, metadata)
+        metadata = self._steps.build(batch)
+        self._record(time.perf_counter_ns() - start, metadata, batch)
         return self._open(metadata, batch.step_id)
 
     @property
-    def current(self) -> ChunkMetadata:
-        """The open step's metadata; raises if no step is open."""
+    def current(self) -> ChunkMetadata | StepTables:
+        """The open step's metadata (or step tables); raises if no step is open."""
         if self._current is None:
             raise ChunkMetaError("no step is open: call begin_step(batch) before the forward pass.")
         return self._current
@@ -143,40 +327,57 @@ class ChunkMetaService:
         finally:
             self.end_step()
 
-    def check(self, metadata: ChunkMetadata) -> ChunkMetadata:
+    def check(self, metadata: ChunkMetadata | StepTables) -> ChunkMetadata | StepTables:
         """Return ``metadata`` if it is the open step's; raise if it is retired or foreign."""
         if metadata is self._current:
             return metadata
+        kind = type(metadata).__name__
         if self._current is None:
             raise ChunkMetaError(
-                f"ChunkMetadata of build {metadata.generation} used with no open step: it was retired at "
+                f"{kind} of build {metadata.generation} used with no open step: it was retired at "
                 "end_step(); use the current step's metadata."
             )
         raise ChunkMetaError(
-            f"ChunkMetadata of build {metadata.generation} is not the open step's "
+            f"{kind} of build {metadata.generation} is not the open step's "
             f"(build {self._current.generation}): it is retired or from another service."
         )
 
     # -- CUDA-graph mode ------------------------------------------------------------------
 
-    def graph(self, query_start_loc: torch.Tensor, *, pad: str = "tail") -> GraphBuild:
-        """Enable graph mode over the engine's static ``query_start_loc`` buffer (once)."""
+    def graph(
+        self,
+        query_start_loc: torch.Tensor,
+        *,
+        pad: str | None = None,
+        num_computed_tokens: torch.Tensor | None = None,
+        checkpoint_offsets: torch.Tensor | None = None,
+    ) -> GraphBuild | StepGraphBuild:
+        """Enable graph mode over the engine's static ``query_start_loc`` buffer (once): a
+        ``GraphBuild``, or with step tables a ``StepGraphBuild``, which also reads the static
+        ``num_computed_tokens`` / ``checkpoint_offsets`` buffers where its tables need them.
+        ``pad`` (default: the service's) must be the service's with step tables."""
+        pad = self._steps.pad if pad is None else pad
+        buffers = (query_start_loc, num_computed_tokens, checkpoint_offsets)
         if self._graph is not None:
-            if self._graph.query_start_loc is not query_start_loc or self._graph.pad != pad:
+            old_pad, old_buffers = self._graph_args
+            if pad != old_pad or any(a is not b for a, b in zip(buffers, old_buffers, strict=True)):
                 raise ChunkMetaError("graph mode is already enabled with another buffer or pad mode.")
             return self._graph
-        self._graph = GraphBuild(self.builder, query_start_loc, pad=pad)
+        self._graph = self._steps.make_graph(query_start_loc, pad, num_computed_tokens, checkpoint_offsets)
+        self._graph_args = (pad, buffers)
         return self._graph
 
-    def capture_step(self) -> ChunkMetadata:
-        """Capture-time hook: queue the capturable fill; returns the static padded metadata."""
+    def capture_step(self) -> ChunkMetadata | StepTables:
+        """Capture-time hook: queue the capturable fill; returns the static padded metadata (or step tables)."""
         return self._require_graph().launch()
 
-    def begin_graph_step(self, batch: StepBatch) -> ChunkMetadata:
+    def begin_graph_step(self, batch: StepBatch) -> ChunkMetadata | StepTables:
         """Replay-time hook: host side of a graph step (validate, stage params), then open the step.
 
-        ``batch.query_start_loc`` must be the static buffer given to ``graph()`` (the engine has
-        written this step's values into it); replay the graph after this call.
+        ``batch.query_start_loc`` (and with step tables ``batch.num_computed_tokens`` /
+        ``checkpoint_offsets``, where its tables read them) must be the static buffers given to
+        ``graph()`` (the engine has written this step's values into them); replay the graph after
+        this call.
         """
         self._check_thread()
         graph = self._require_graph()
@@ -188,8 +389,8 @@ class ChunkMetaService:
                 "with; write the step's values into that buffer and pass it."
             )
         start = time.perf_counter_ns()
-        metadata = graph.prepare(batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
-        self._record(time.perf_counter_ns() - start, metadata)
+        metadata = self._steps.prepare(graph, batch)
+        self._record(time.perf_counter_ns() - start, metadata, batch)
         self._graph_steps += 1
         return self._open(metadata, batch.step_id)
 
@@ -199,8 +400,9 @@ class ChunkMetaService:
         count = min(self._recorded, self._window.shape[0])
         rows = self._window[:count]
         cap = self.builder.capacity
-        last = self._window[(self._recorded - 1) % self._window.shape[0]] if count else np.zeros(4, np.int64)
+        last = self._window[(self._recorded - 1) % self._window.shape[0]] if count else self._window[0] * 0
         host_us = rows[:, 0] / 1e3
+        table_rows = last[_SIZES:]
         return ServiceStats(
             builds=self._recorded,
             graph_steps=self._graph_steps,
@@ -209,11 +411,12 @@ class ChunkMetaService:
             window=count,
             last_num_seqs=int(last[1]),
             last_num_tokens=int(last[2]),
-            last_num_chunks=int(last[3]),
+            last_num_chunks=int(table_rows.sum()),
             seqs_use=float(rows[:, 1].max() / cap.seqs) if count else 0.0,
             tokens_use=float(rows[:, 2].max() / cap.tokens) if count else 0.0,
-            rows_use=float(rows[:, 3].max() / cap.rows) if count else 0.0,
+            rows_use=float((rows[:, _SIZES:] / self._steps.row_capacity).max()) if count else 0.0,
             staging_waits=self._graph.staging_waits if self._graph is not None else 0,
+            last_rows=dict(zip(self._steps.row_names, table_rows.tolist(), strict=True)),
         )
 
     def adopt_thread(self) -> None:
@@ -237,20 +440,18 @@ class ChunkMetaService:
                 "new thread when handing it over."
             )
 
-    def _open(self, metadata: ChunkMetadata, step_id: int | None) -> ChunkMetadata:
+    def _open(self, metadata, step_id: int | None):
         self._current = metadata
         self._current_step_id = step_id
         return metadata
 
-    def _record(self, host_ns: int, metadata: ChunkMetadata) -> None:
+    def _record(self, host_ns: int, metadata, batch: StepBatch) -> None:
         row = self._window[self._recorded % self._window.shape[0]]
         row[0] = host_ns
-        row[1] = metadata.num_seqs
-        row[2] = metadata.num_tokens
-        row[3] = metadata.num_chunks
+        self._steps.record(row, metadata, batch)
         self._recorded += 1
 
-    def _require_graph(self) -> GraphBuild:
+    def _require_graph(self) -> GraphBuild | StepGraphBuild:
         if self._graph is None:
             raise ChunkMetaError("graph mode is not enabled: call service.graph(query_start_loc_buffer) first.")
         return self._graph

@@ -5,22 +5,26 @@ Exactness on thousands of decode-first batches, zero host<->device syncs under
 CUDA-graph capture + replay with a new batch every time, and independence across streams.
 """
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
-from checks import assert_exact, assert_padded, cuda_activity, no_sync
+from checks import assert_exact, assert_padded, assert_step_tables, cuda_activity, no_sync
 from chunkmeta import (
     ChunkMetadataBuilder,
     ChunkMetaService,
     GraphBuild,
     StepBatch,
+    StepTables,
     build_chunk_metadata,
     layout,
     reference,
+    tables,
 )
 from chunkmeta.fill.cuda_fill import CudaFill
 from chunkmeta.workloads import from_lengths, random_decode_first, workload
+from strategies import random_step
 
 pytestmark = pytest.mark.gpu
 
@@ -99,6 +103,104 @@ def test_service_steps_do_not_sync():
         assert [tuple(r) for r in indices.tolist()] == ref.chunk_indices
         assert offsets.tolist() == ref.chunk_offsets and cu.tolist() == ref.cu_seqlens
     assert service.stats().builds == 200
+
+
+# every table a Kimi-Linear / Qwen3-Next step reads and a vLLM Mamba2 step's, in one service
+STEP_TABLES = {
+    "fla": tables.Fla(64),
+    "fla_batch": tables.Fla(64, rows="batch"),
+    "conv": tables.Conv(),
+    "mamba2": tables.Mamba2(chunk_size=256, checkpoints=True),
+    "mamba2_conv": tables.Conv(rows="prefill"),
+}
+
+
+def step_inputs(step, device="cuda"):
+    """A random_step's StepBatch: device tensors and their host copies, made before any timed loop."""
+    qsl, first, n, computed, checkpoints = step
+    q, c, k = (torch.tensor(v, dtype=torch.int32) for v in (qsl, computed, checkpoints))
+    return StepBatch.decode_first(
+        q.to(device),
+        q,
+        first,
+        num_prefills=n,
+        num_computed_tokens=c.to(device),
+        num_computed_tokens_cpu=c,
+        checkpoint_offsets=k.to(device),
+        checkpoint_offsets_cpu=k,
+    )
+
+
+def snapshot(step: StepTables) -> StepTables:
+    """Device copies of every table (queued on the stream, no sync), as a StepTables with no
+    lease: what layers would read, kept past the ring's reuse of the slot."""
+    copies = {}
+    for name in step.names:
+        table = step[name]
+        fields = {
+            f.name: getattr(table, f.name).clone()
+            for f in attrs.fields(type(table))
+            if not f.name.startswith("_") and isinstance(getattr(table, f.name), torch.Tensor)
+        }
+        copies[name] = attrs.evolve(table, **fields)
+    return StepTables(copies, step.padded, step.generation)
+
+
+def test_step_tables_service_steps_do_not_sync_and_are_exact():
+    service = ChunkMetaService(64, 32768, device="cuda", strict=True, tables=STEP_TABLES)
+    rng = np.random.default_rng(13)
+    steps = [random_step(rng, 64, 32768) for _ in range(300)]
+    batches = [step_inputs(step) for step in steps]
+    with service.step(batches[0]):  # the layout's first build compiles the kernel: outside
+        pass
+    kept = []
+    with no_sync():
+        for batch in batches:
+            with service.step(batch) as step:
+                assert service.current is step
+                kept.append((step, snapshot(step)))
+    for (qsl, first, n, computed, checkpoints), (step, copy) in zip(steps, kept, strict=True):
+        assert not step.is_live  # strict: retired at end_step
+        assert_step_tables(copy, service.builder, qsl, first, n, computed, checkpoints)
+    stats = service.stats()
+    assert stats.builds == 301 and 0 < stats.rows_use <= 1
+    assert set(stats.last_rows) == set(STEP_TABLES)
+    # after the first build, the host side and the launch are one C call
+    assert set(service.builder.c_build.values()) <= {"cuda", "triton"}, service.builder.c_build
+
+
+def test_step_tables_service_graph_capture_once_replay_without_sync():
+    service = ChunkMetaService(64, 32768, device="cuda", strict=True, tables=STEP_TABLES, pad="negative")
+    static_qsl = torch.zeros(129, dtype=torch.int32, device="cuda")
+    static_computed = torch.zeros(128, dtype=torch.int32, device="cuda")
+    static_checkpoints = torch.zeros(128, dtype=torch.int32, device="cuda")
+    buffers = dict(num_computed_tokens=static_computed, checkpoint_offsets=static_checkpoints)
+    service.graph(static_qsl, **buffers)
+    service.capture_step()  # compiles the kernel outside the capture
+    torch.cuda.synchronize()
+    engine_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(engine_graph):
+        captured = service.capture_step()  # captured with the engine's layers
+    rng = np.random.default_rng(19)
+    steps = [random_step(rng, 64, 32768) for _ in range(300)]
+    staged = [step_inputs(step) for step in steps]
+    kept = []
+    with no_sync():
+        for batch in staged:
+            # the engine's part: its static buffers refreshed in place on the stream
+            num_requests = batch.query_start_loc.shape[0] - 1
+            static_qsl[: num_requests + 1].copy_(batch.query_start_loc)
+            static_computed[:num_requests].copy_(batch.num_computed_tokens)
+            static_checkpoints[:num_requests].copy_(batch.checkpoint_offsets)
+            graph_batch = attrs.evolve(batch, query_start_loc=static_qsl, **buffers)
+            step = service.begin_graph_step(graph_batch)
+            engine_graph.replay()
+            assert step.padded and step.conv.batch_ptr is captured.conv.batch_ptr
+            kept.append(snapshot(step))
+            service.end_step()
+    for (qsl, first, n, computed, checkpoints), copy in zip(steps, kept, strict=True):
+        assert_step_tables(copy, service.builder, qsl, first, n, computed, checkpoints)
+    assert service.stats().graph_steps == 300 and service.stats().staging_waits == 0
 
 
 def test_one_launch_and_no_copies_per_build():

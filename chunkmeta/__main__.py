@@ -1,7 +1,12 @@
-"""``python -m chunkmeta``: replay a scheduler trace, check every step, print timings.
+"""``python -m chunkmeta``: replay a scheduler trace, check every step's tables, print timings.
 
-Exits 1 if any step's metadata differs from the reference, 2 on bad input (a malformed trace, a
-bad argument) with ``error: ...`` on stderr and no traceback.
+Every step goes through the scheduler hooks (``ChunkMetaService``) as an engine calls them.
+``--tables`` picks what a step builds (``chunkmeta.replay``): ``all`` (default) every table a
+Kimi-Linear / Qwen3-Next step reads (FLA prefill, FLA batch, conv1d) and a vLLM Mamba2 step's (SSD
+chunks, conv1d of the prefill rows) in one build; ``kda`` or ``mamba2`` one family's; ``fla`` the
+FLA prefill table alone (the FLA-only service). Exits 1 if any table of any step differs from the
+reference, 2 on bad input (a malformed trace, a bad argument) with ``error: ...`` on stderr and no
+traceback.
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", help="JSON Lines trace (default: the embedded decode-first engine trace)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--backend", default="auto", choices=["auto", "triton", "torch"])
-    parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument(
+        "--tables",
+        default="all",
+        choices=["all", "kda", "mamba2", "fla"],
+        help="the step's tables: all (default), kda (FLA prefill + batch, conv1d), mamba2 (vLLM SSD chunks, "
+        "conv1d), fla (the FLA prefill table alone)",
+    )
+    parser.add_argument("--chunk-size", type=int, default=64, help="the FLA tables' chunk size")
+    parser.add_argument("--mamba-chunk-size", type=int, default=256, help="the Mamba2 SSD chunk size")
     parser.add_argument("--repeats", type=_positive_int, default=5, help="timed builds per step (median reported)")
     parser.add_argument("--no-fla", action="store_true", help="skip the comparison with fla-core")
     args = parser.parse_args(argv)
@@ -48,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             steps,
             device=device,
             backend=args.backend,
+            tables=args.tables,
             chunk_size=args.chunk_size,
+            mamba_chunk_size=args.mamba_chunk_size,
             repeats=args.repeats,
             compare_fla=not args.no_fla,
         )

@@ -1,8 +1,9 @@
 """Engine-like batches for tests, benchmarks, stress runs and the demo trace.
 
 A batch is what a scheduler hands over: ``query_start_loc`` as a list (cumulative query lengths
-of every request in the step) and the prefill slice ``(first_seq, num_seqs)``. Generators are
-seeded and pure numpy: the same seed gives the same batch on every machine.
+of every request in the step), the prefill slice ``(first_seq, num_seqs)`` and, where known, each
+request's ``num_computed_tokens`` (tokens already in its cache: what Mamba2's tables cut chunks
+on). Generators are seeded and pure numpy: the same seed gives the same batch on every machine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class Batch(NamedTuple):
     query_start_loc: list[int]
     first_seq: int
     num_seqs: int
+    num_computed_tokens: list[int] | None = None  # per request of the batch; None: not known
 
     @property
     def num_tokens(self) -> int:
@@ -92,39 +94,53 @@ def simulate_engine(
     zero-length rows up to a multiple of ``pad_to`` requests (as CUDA-graph and spec-decode
     padding leave them in the slice). Arrivals are scripted so the trace holds one-token prompts,
     one long prompt, mixed decode+prefill steps and steps with no prefill at all.
+
+    Each step also has every request's ``num_computed_tokens``: a decode's context so far, a
+    chunked prompt's earlier chunks (partial first chunks), 0 for padding rows, and prefix-cache
+    hits on arrival (scripted, chunk-aligned ones of 64, 256 and 512 tokens and a partial one of
+    100; they add no tokens to the step, so ``query_start_loc`` is what it was without them).
     """
     rng = np.random.default_rng(seed)
-    queue: list[int] = []  # prompt tokens still to prefill, partly prefilled requests first
-    decoding: list[int] = []  # tokens left to generate, per running request
+    # per request: (prompt tokens still to prefill, tokens already computed), partly prefilled first
+    queue: list[tuple[int, int]] = []
+    decoding: list[tuple[int, int]] = []  # per running request: (tokens left to generate, context)
     steps = []
     for step in range(num_steps):
         if step == 0:
-            queue += [1, 1, 300, 64, 65, 129, 2000]
+            # cached prefixes: 512 before the 300-token prompt, 64 before the 65, 100 before the 129
+            queue += [(1, 0), (1, 0), (300, 512), (64, 0), (65, 64), (129, 100), (2000, 0)]
         elif step == 12:
-            queue.append(20_000)  # one long prompt: chunked over several steps
+            queue.append((20_000, 0))  # one long prompt: chunked over several steps
         elif step == 30:
-            queue += [1] * 6  # a burst of one-token prompts
+            queue += [(1, 0)] * 6  # a burst of one-token prompts
         elif step not in (20, 21, 22) and rng.random() < 0.6:  # 20-22: decode-only steps
-            queue += [int(n) for n in rng.integers(1, 1500, int(rng.integers(1, 4)))]
+            cached = 256 * (step % 3)  # a prefix-cache hit on some arrivals (no draw from rng)
+            queue += [(int(n), cached) for n in rng.integers(1, 1500, int(rng.integers(1, 4)))]
         num_decodes = len(decoding)
         lengths = [1] * num_decodes
+        computed = [context for _, context in decoding]
         budget = token_budget - num_decodes
         still_queued = []
-        prompts_done = 0
-        for left in queue:
+        prompts_done = []  # each finished prompt's context
+        for left, done in queue:
             if budget <= 0 or len(lengths) >= max_seqs:
-                still_queued.append(left)
+                still_queued.append((left, done))
                 continue
             take = min(left, budget)
             lengths.append(take)
+            computed.append(done)
             budget -= take
             if take < left:
-                still_queued.insert(0, left - take)  # a chunked prompt continues first next step
+                still_queued.insert(0, (left - take, done + take))  # a chunked prompt continues first next step
             else:
-                prompts_done += 1
+                prompts_done.append(done + take)
         queue = still_queued
         if step % 3 == 1 and len(lengths) % pad_to:
-            lengths += [0] * (pad_to - len(lengths) % pad_to)
-        steps.append(from_lengths(lengths, first_seq=num_decodes))
-        decoding = [n - 1 for n in decoding if n > 1] + [int(rng.integers(2, 12)) for _ in range(prompts_done)]
+            pad = pad_to - len(lengths) % pad_to
+            lengths += [0] * pad
+            computed += [0] * pad
+        steps.append(from_lengths(lengths, first_seq=num_decodes)._replace(num_computed_tokens=computed))
+        decoding = [(n - 1, context + 1) for n, context in decoding if n > 1] + [
+            (int(rng.integers(2, 12)), context) for context in prompts_done
+        ]
     return steps

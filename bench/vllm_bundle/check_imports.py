@@ -14,35 +14,9 @@ t0 = time.time()
 if os.environ.get("SIM_FAKE_TRITON_DRIVER"):
     # CPU-only host only: make vLLM believe the Triton CUDA driver is active so
     # the real @triton.jit decorators are used (as on a GPU host).
-    import torch as _t
-    from triton.backends import backends
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver as _drvcfg
+    import sim_cuda
 
-    backends["nvidia"].driver.is_active = staticmethod(lambda: True)
-
-    class _FakeDriver:  # just enough for module-level queries at import time
-        class utils:
-            @staticmethod
-            def get_device_properties(i):
-                return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self):
-            return _t.device("cpu")
-
-        def get_current_device(self):
-            return 0
-
-        def __getattr__(self, name):
-            raise AttributeError(name)
-
-    _drvcfg.set_active(_FakeDriver())
-    _t.cuda.get_device_name = lambda *a: "NVIDIA H200 (simulated)"
-    _t.cuda.get_device_capability = lambda *a: (9, 0)
-    _t.cuda.device_count = lambda: 1
+    sim_cuda.fake_triton_driver()
 
 import vllm_bootstrap  # noqa: F401,E402
 

@@ -13,11 +13,9 @@ Alternative with no patch at all: export VLLM_TARGET_DEVICE=cpu (selects
 CpuPlatform: imports fine, but PIN_MEMORY=False so H2D copies are unpinned).
 """
 
-import importlib.machinery
-import importlib.util
 import os
-import sys
-import types
+
+import bundle_stubs  # bench/bundle, copied into the bundle beside this file
 
 # Only the hard import in vllm/platforms/cuda.py needs a stand-in; the other
 # extensions (vllm._C, _moe_C_stable_libtorch, _qutlass_C) are imported under
@@ -28,31 +26,4 @@ _STUBS = ("vllm._C_stable_libtorch",)
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-
-class _StubFinder:
-    """Meta-path finder: serve an empty module for the names in _STUBS,
-    but only when no real extension is found further down sys.meta_path."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in _STUBS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                return spec  # a real compiled module exists: use it
-        return importlib.machinery.ModuleSpec(name, self, is_package=False)
-
-    def create_module(self, spec):
-        mod = types.ModuleType(spec.name)
-        mod.__doc__ = "empty stand-in registered by vllm_bootstrap"
-        mod.__vllm_bundle_stub__ = True
-        return mod
-
-    def exec_module(self, module):
-        pass
-
-
-if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _StubFinder())
+bundle_stubs.install(_STUBS, owner="vllm_bootstrap")

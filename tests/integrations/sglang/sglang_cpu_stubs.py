@@ -4,12 +4,14 @@ SGLang 0.5.23's config modules import torchvision on the way to ForwardBatch and
 linear-attention backends. PyPI's torchvision for torch 2.13 is a CUDA build whose extension fails
 against torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and newer ones pull another
 torch, so a sys.meta_path finder serves a stub package instead. Testing only: every stubbed name
-raises if actually used.
+raises if actually used. Where the carried .py-only SGLang (``.sglang_bundle``, docs/gpu.md) is on the
+path, install() first imports its ``sglang_bootstrap``.
 """
 
 import enum
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 
@@ -64,5 +66,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install():
+    if importlib.util.find_spec("sglang_bootstrap") is not None:
+        import sglang_bootstrap  # noqa: F401  the carried .py-only SGLang's stand-in for sgl_kernel
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

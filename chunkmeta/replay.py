@@ -348,15 +348,8 @@ def replay(
     specs = table_set(tables, chunk_size, mamba_chunk_size)
     max_seqs = max(1, max(len(b.query_start_loc) - 1 for b in steps))
     max_tokens = max(1, max(b.query_start_loc[-1] - b.query_start_loc[0] for b in steps))
-    service = ChunkMetaService(
-        max_seqs,
-        max_tokens,
-        chunk_size=chunk_size if specs is None else None,
-        device=device,
-        backend=backend,
-        strict=True,
-        tables=specs,
-    )
+    sizes = {"chunk_size": chunk_size} if specs is None else {"tables": specs}  # with tables= each spec has its own
+    service = ChunkMetaService(max_seqs, max_tokens, device=device, backend=backend, strict=True, **sizes)
     needs_computed = specs is not None and service.builder.needs_computed
     fla = _fla_prepare() if compare_fla and (specs is None or "fla" in specs) else None
     results = []

@@ -55,6 +55,8 @@ from chunkmeta.plan import verify_host_copy
 from chunkmeta.step_builder import StepTablesBuilder
 
 _SIZES = 3  # window columns before the rows: host ns, N, T
+_FLA_CHUNK_SIZE = 64
+_UNSET = object()  # chunk_size not given: the FLA-only service's default; with tables=, none
 
 
 @attrs.frozen(slots=True)
@@ -90,7 +92,6 @@ class _FlaSteps:
         self.pad = pad
         self.row_names = ("fla",)
         self.row_capacity = np.array([builder.capacity.rows], dtype=np.float64)
-        self.graph_buffers = ()
 
     def build(self, batch: StepBatch) -> ChunkMetadata:
         return self.builder.build(
@@ -225,7 +226,7 @@ class ChunkMetaService:
         max_num_seqs: int,
         max_num_tokens: int,
         *,
-        chunk_size: int | None = None,
+        chunk_size: int = _UNSET,
         device: torch.device | str,
         backend: str = "auto",
         ring_depth: int = 4,
@@ -239,7 +240,7 @@ class ChunkMetaService:
             self.builder = ChunkMetadataBuilder(
                 max_num_seqs,
                 max_num_tokens,
-                chunk_size=64 if chunk_size is None else chunk_size,
+                chunk_size=_FLA_CHUNK_SIZE if chunk_size is _UNSET else chunk_size,
                 device=device,
                 backend=backend,
                 ring_depth=ring_depth,
@@ -248,7 +249,7 @@ class ChunkMetaService:
             _layout.check_pad(pad, _layout.PADS, max_num_tokens, self.builder.chunk_size)
             self._steps = _FlaSteps(self.builder, pad)
         else:
-            if chunk_size is not None:
+            if chunk_size is not _UNSET:
                 raise ChunkMetaError(
                     f"chunk_size={chunk_size!r} with tables=: each table has its own chunk size; give it in the "
                     "specs (tables.Fla(chunk_size), tables.Mamba2(chunk_size=...))."

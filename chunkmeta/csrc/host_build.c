@@ -929,9 +929,10 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     PyTuple_SET_ITEM(count_tuple, j, value);
   }
-  return Py_BuildValue("(N(LLLLLLLii))", count_tuple, (long long)first, (long long)n, (long long)(end - start), (long long)slice.longest,
-                       (long long)requests, (long long)(batch_end - batch_start),
-                       (long long)batch.longest, prep, any_checkpoint);
+  /* the two flags as bools: they are the result objects' bool fields (prep_initial_states) */
+  return Py_BuildValue("(N(LLLLLLLNN))", count_tuple, (long long)first, (long long)n, (long long)(end - start),
+                       (long long)slice.longest, (long long)requests, (long long)(batch_end - batch_start),
+                       (long long)batch.longest, PyBool_FromLong(prep), PyBool_FromLong(any_checkpoint));
 }
 
 /* ---- the one-shot: its plan and host copy, then its launch, from C ------------------------ */

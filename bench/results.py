@@ -14,7 +14,8 @@ appends that file here. A record is one JSON object per line:
 
 * ``id``       ``kind@date``, unique: what bench/RESULTS.md and docs/gpu.md cite;
 * ``kind``     gpu_compare, step_loop, stress, kernel_sweep, kernel_variants, launch_floor,
-               graph_floor, launch_paths, gpu_tests, pytest_benchmark, demo;
+               graph_floor, launch_paths, gpu_tests, pytest_benchmark, demo, step_tables,
+               sglang_mamba2, vllm_builders, vllm_step_loop;
 * ``date``     UTC, ``YYYY-MM-DD HH:MM[:SS] UTC``;
 * ``commit``   the code measured; "unknown" where nobody recorded it;
 * ``command``  what produced it, its output directory written as ``$OUT``;
@@ -59,6 +60,7 @@ KINDS = (
     "step_tables",
     "sglang_mamba2",
     "vllm_builders",
+    "vllm_step_loop",
 )
 RECORD_SUFFIX = ".runs.jsonl"
 
@@ -856,6 +858,75 @@ def _render_step_loop(records: list[dict]) -> list[str]:
     return out + _table(["record", "commit", *methods, "outputs = fla", "note"], rows)
 
 
+METHODS_VS = ("vllm", "chunkmeta")  # vllm_step_loop: vLLM's own metadata path, then chunkmeta's
+
+
+def _render_vllm_step_loop(records: list[dict]) -> list[str]:
+    kept = [r for r in _sorted(records, "vllm_step_loop") if not r["figures"].get("smoke")]
+    latest = _latest(kept, "vllm_step_loop")
+    if latest is None:
+        return []
+    f = latest["figures"]
+    model = f["model"]
+    t = f.get("target") or {}
+    verdict = {True: "met", False: "not met", None: "not measured"}
+    out = [
+        "## vLLM engine-like step loop",
+        "",
+        f"Per step, on vLLM 0.33.0's own code: the runner's inputs (pinned host buffers, non-blocking copies), "
+        f"the {f['builder']} builder's `build()` (prefill backend {f['gdn_prefill_backend']}), then "
+        f"{model['layers']} Kimi-Linear KDA layers of [GEMMs, `causal_conv1d_fn` x3, `chunk_kda_with_fused_gate` "
+        f"(H={model['heads']}, K=V={model['head_dim']}), GEMM], hidden {model['hidden']}, {model['dtype']}, then the "
+        f"end-of-step wait; vLLM's own metadata path against chunkmeta's, interleaved step by step, medians of "
+        f"{f['steps']} steps "
+        "(bench/vllm_step_loop.py says what is measured and left out). Issue 19's target, >= 1.05x at "
+        f"{t.get('at_concurrency', 8)} requests: {verdict[t.get('faster_by_5pct_at')]}; not slower at any shape: "
+        f"{verdict[t.get('not_slower_anywhere')]}.",
+        "",
+    ] + _about(latest)
+    rows = []
+    for row in f["rows"]:
+        load = [row["concurrency"], f"{row['decodes']} + {row['prefill_tokens']}"]
+        problem = row.get("skipped") or row.get("error")
+        if problem:
+            rows.append([*load, "not measured: " + str(problem).splitlines()[0].replace("|", "/")[:100], *[""] * 4])
+            continue
+        cells = []
+        for key, digits in (("ms_per_step", 3), ("syncs_per_step", 0), ("build_host_us", 0)):
+            cells.append(
+                " / ".join(_f(row[k].get(key), digits) if row[k]["available"] else "failed" for k in METHODS_VS)
+            )
+        equal = {True: "yes", False: "NO", None: "n/a"}[row.get("bit_identical")]
+        rows.append(
+            [
+                *load,
+                cells[0],
+                _f(row.get("speedup"), 3) + ("x" if row.get("speedup") else ""),
+                cells[1],
+                cells[2],
+                equal,
+            ]
+        )
+    out += _table(
+        ["requests", "decodes + prefill tokens", "ms/step vLLM / chunkmeta", "speed-up", "syncs/step vLLM / chunkmeta",
+         "build() host µs vLLM / chunkmeta", "outputs bit-identical"],
+        rows,
+    )  # fmt: skip
+    out += [
+        "### Every vLLM step-loop run",
+        "",
+        "Speed-up of chunkmeta's path over vLLM's: min–max over the shapes.",
+        "",
+    ]
+    rows = []
+    for r in kept:
+        speedups = [row.get("speedup") for row in r["figures"]["rows"]]
+        identical = [row["bit_identical"] for row in r["figures"]["rows"] if row.get("bit_identical") is not None]
+        same = "NO" if False in identical else ("yes" if identical else "n/a")
+        rows.append([_cite(r), r["commit"], _range(speedups, 3, "x"), same, _note(r)])
+    return out + _table(["record", "commit", "speed-up", "outputs bit-identical", "note"], rows)
+
+
 def _render_stress(records: list[dict]) -> list[str]:
     runs = _sorted(records, "stress")
     if not runs:
@@ -1038,6 +1109,7 @@ def render(records: list[dict]) -> str:
         _render_gpu_tests,
         _render_step_tables,
         _render_step_loop,
+        _render_vllm_step_loop,
         _render_stress,
         _render_pytest_benchmark,
         _render_demo,

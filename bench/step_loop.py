@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 import traceback
 from functools import partial
 from statistics import median
@@ -78,6 +77,7 @@ import torch
 
 from chunkmeta import ChunkMetadataBuilder, GraphBuild
 from chunkmeta.integrations import kda
+from chunkmeta.timing import interleaved_ms
 from chunkmeta.workloads import workload
 
 # (name, sequences, tokens): light load first, where the stall matters most
@@ -311,17 +311,9 @@ def warm_up(engine: Engine, methods) -> dict:
 
 
 def time_steps(engine: Engine, methods, steps: int) -> dict:
-    """Wall ms of each step, methods interleaved step by step, the order rotating each round."""
-    stream = torch.cuda.current_stream()
-    times = {m: [] for m in methods}
-    for r in range(steps):
-        k = r % len(methods)
-        for method in methods[k:] + methods[:k]:
-            start = time.perf_counter()
-            engine.step(method)
-            stream.synchronize()  # the end-of-step wait for sampled tokens
-            times[method].append((time.perf_counter() - start) * 1e3)
-    return times
+    """Wall ms of each step, methods interleaved step by step, the order rotating each round;
+    each step ends with the end-of-step wait for sampled tokens."""
+    return interleaved_ms(engine.step, methods, steps, wait=torch.cuda.current_stream().synchronize)
 
 
 def split_at_step_copies(gpu: list[Span], steps: int) -> list[list[Span]]:

@@ -42,9 +42,16 @@ def import_vllm():
         import vllm_bootstrap  # noqa: F401
 
 
-def configs(root: str) -> dict:
+def configs(
+    root: str, max_num_seqs: int = MAX_NUM_SEQS, max_num_tokens: int = MAX_NUM_TOKENS, prefix_caching: bool = True
+) -> dict:
+    """VllmConfigs of tiny Qwen3-Next ("gdn") and Mamba2 ("mamba") models with these scheduler
+    limits (the builders read only the limits, the compilation / speculative / cache configs and
+    the GDN prefill backend's inputs from them). ``prefix_caching=False``: vLLM's
+    ``--no-enable-prefix-caching``, whose Mamba cache mode is "none" (one state block per request)
+    instead of the hybrid models' "align"."""
     from transformers import Mamba2Config, Qwen3NextConfig
-    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     def model(config, name):
         path = os.path.join(root, name)
@@ -63,16 +70,17 @@ def configs(root: str) -> dict:
 
     def scheduler():
         return SchedulerConfig(
-            max_num_seqs=MAX_NUM_SEQS,
-            max_num_batched_tokens=MAX_NUM_TOKENS,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_tokens,
             max_model_len=32768,
             is_encoder_decoder=False,
         )
 
-    return {
-        "gdn": VllmConfig(model_config=model(qwen, "qwen3_next"), scheduler_config=scheduler()),
-        "mamba": VllmConfig(model_config=model(mamba, "mamba2"), scheduler_config=scheduler()),
-    }
+    def config(model_config):
+        cache = CacheConfig(enable_prefix_caching=prefix_caching)
+        return VllmConfig(model_config=model_config, scheduler_config=scheduler(), cache_config=cache)
+
+    return {"gdn": config(model(qwen, "qwen3_next")), "mamba": config(model(mamba, "mamba2"))}
 
 
 def builders(cfg: dict, device) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -66,3 +66,25 @@ def device_us_per_call(
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / calls
+
+
+def interleaved_ms(
+    run: Callable[[str], object], methods: Sequence[str], rounds: int, wait: Callable[[], object] = lambda: None
+) -> dict[str, list[float]]:
+    """Wall ms of ``run(method)`` then ``wait()``, for each method once a round, ``rounds`` rounds.
+
+    The order rotates each round (A B C, B C A, ...): drift (clocks, caches, the allocator) and
+    whatever one method leaves behind for the next then weigh on every method alike. ``wait`` is
+    the end-of-step wait an engine does (``stream.synchronize()``: it copies sampled tokens back
+    once a step), inside the time: the step is not done until its GPU work is.
+    """
+    methods = list(methods)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for r in range(rounds):
+        k = r % len(methods) if methods else 0
+        for method in methods[k:] + methods[:k]:
+            start = time.perf_counter()
+            run(method)
+            wait()
+            times[method].append((time.perf_counter() - start) * 1e3)
+    return times

@@ -12,8 +12,13 @@ when the problem it fixes is present:
   interpreter a Python int, so FLA's ``i_t.to(tl.int64)`` (``fla/ops/common/chunk_delta_h.py``)
   raises. Rewrite ``for i in range(...)`` bodies to start with ``i = i``, which the interpreter's
   own assignment rewrite turns into a scalar tensor.
-* ``gather`` — FLA's module-level alias ``gather = tl.gather`` (``fla/ops/utils/op.py``) is not
-  swapped for the interpreter's version during a launch; rebind it to a late lookup.
+* ``aliases`` — a module-level alias of a ``triton.language`` builtin (FLA's ``gather = tl.gather``,
+  ``fla/ops/utils/op.py``; vLLM's vendored copy also aliases ``exp``, ``exp2``, ``log``, ...) is not
+  swapped for the interpreter's version during a launch; rebind each to a late lookup.
+
+``apply()`` does this for fla-core, ``apply_vllm()`` for vLLM 0.33.0's vendored FLA / KDA ops and
+its ``causal_conv1d`` (vLLM also needs ``CUDA_VISIBLE_DEVICES=""`` before it is imported: without
+an active GPU driver its ``triton_utils`` disables Triton unless that variable is set and empty).
 
 FLA's ``device='cuda'`` fallback on machines without a GPU needs no fix (only no-op contexts see
 it).
@@ -71,37 +76,72 @@ def _fix_loop_var():
     interpreter.InterpretedFunction.rewritten_fn.clear()
 
 
-def _late_gather(src, index, axis, **kwargs):
+def _late(name):
+    def builtin(*args, **kwargs):
+        import triton.language as tl
+
+        # the interpreter swaps tl's attributes for its own versions only while a launch runs
+        return getattr(tl, name)(*args, **kwargs)
+
+    builtin.__name__ = name
+    return builtin
+
+
+def _fix_aliases(package: str):
     import triton.language as tl
 
-    return tl.gather(src, index, axis)
-
-
-def _fix_gather():
-    import triton.language as tl
-
+    builtins = {id(value): name for name, value in vars(tl).items() if getattr(value, "__triton_builtin__", False)}
     for name, module in list(sys.modules.items()):
-        if (name == "fla" or name.startswith("fla.")) and getattr(module, "gather", None) is tl.core.gather:
-            _set(module, "gather", _late_gather)
+        if module is None or not (name == package or name.startswith(package + ".")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if not attr.startswith("__") and id(value) in builtins:
+                _set(module, attr, _late(builtins[id(value)]))
 
 
-def apply() -> None:
-    """Import FLA's KDA/GDN and patch them for the interpreter. Idempotent."""
-    if _PATCHES:
+_APPLIED: set[str] = set()
+
+
+def _apply(package: str, load) -> None:
+    if package in _APPLIED:
         return
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Triton is not supported on current platform, roll back to CPU"
+        load()
+    if not _APPLIED:
+        _fix_autotune()
+        _fix_loop_var()
+    _fix_aliases(package)
+    _APPLIED.add(package)
+
+
+def apply() -> None:
+    """Import FLA's KDA/GDN and patch them for the interpreter. Idempotent."""
+
+    def load():
         import fla.ops.gated_delta_rule
         import fla.ops.kda
         import fla.ops.kda.chunk_intra  # noqa: F401
-    _fix_autotune()
-    _fix_loop_var()
-    _fix_gather()
+
+    _apply("fla", load)
+
+
+def apply_vllm() -> None:
+    """Import vLLM's vendored FLA / KDA ops (Kimi-Linear's, NVIDIA's copy) and ``causal_conv1d``,
+    and patch them for the interpreter. Idempotent."""
+
+    def load():
+        import vllm.model_executor.layers.mamba.ops.causal_conv1d
+        import vllm.models.kimi_k3.nvidia.ops.third_party.kda.chunk
+        import vllm.third_party.flash_linear_attention.ops.kda  # noqa: F401
+
+    _apply("vllm", load)
 
 
 def revert() -> None:
+    _APPLIED.clear()
     while _PATCHES:
         owner, attr, original = _PATCHES.pop()
         if original is _MISSING:

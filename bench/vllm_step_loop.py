@@ -17,7 +17,7 @@ KDA layers:
 2. the group's metadata builder's ``build()``, once for every layer of the group;
 3. ``--layers`` layers, each as ``KimiGatedDeltaNetAttention.forward`` / ``_forward`` run a
    non-spec batch with prefills in vLLM 0.33.0 (``model_executor/layers/mamba/gdn/
-   kimi_gdn_linear_attn.py``: ``forward`` 318-360, ``_forward`` 362-394 and 529-594): the input
+   kimi_gdn_linear_attn.py``: ``forward`` 328-378, ``_forward`` 380-440 and 533-593): the input
    GEMM (``in_proj_qkvgfab`` -> mixed_qkv, beta, f_a) and ``f_b_proj`` (-> the raw gate g1); three
    ``causal_conv1d_fn`` calls on the strided q / k / v column slices with the metadata's conv
    tables (``metadata=``, ``has_initial_state``, ``cache_indices=non_spec_state_indices_tensor``,

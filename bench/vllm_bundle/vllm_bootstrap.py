@@ -13,7 +13,9 @@ Alternative with no patch at all: export VLLM_TARGET_DEVICE=cpu (selects
 CpuPlatform: imports fine, but PIN_MEMORY=False so H2D copies are unpinned).
 """
 
+import importlib.util
 import os
+import sys
 
 import bundle_stubs  # bench/bundle, copied into the bundle beside this file
 
@@ -27,3 +29,35 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 bundle_stubs.install(_STUBS, owner="vllm_bootstrap")
+
+
+# vLLM inspects model classes in a subprocess (`python -m vllm.model_executor.models.registry`,
+# so that the parent never initializes CUDA). That process would start without this bootstrap and
+# fail on the missing compiled module, and ModelConfig then reports every architecture as
+# unsupported. Once the registry module has run, its command (which vLLM documents as the
+# variable to change) imports this bootstrap first.
+_REGISTRY = "vllm.model_executor.models.registry"
+_COMMAND = [sys.executable, "-c", f"import vllm_bootstrap; from {_REGISTRY} import _run; _run()"]
+
+
+class _RegistryCommand:
+    def find_spec(self, name, path=None, target=None):
+        if name != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)  # the registry loads once; the real finders find it
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            exec_module = spec.loader.exec_module
+
+            def run(module):
+                exec_module(module)
+                module._SUBPROCESS_COMMAND = _COMMAND
+
+            spec.loader.exec_module = run
+        return spec
+
+
+if _REGISTRY in sys.modules:
+    sys.modules[_REGISTRY]._SUBPROCESS_COMMAND = _COMMAND
+else:
+    sys.meta_path.insert(0, _RegistryCommand())

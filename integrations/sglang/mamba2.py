@@ -14,8 +14,10 @@ prefixes). So one ``StepTablesBuilder`` launch (``chunkmeta.tables.SglangMamba2`
 The result is SGLang's own ``Mamba2Metadata``: its ``prepare_decode`` (device-free) fills the fields
 shared with the base metadata, and only the extend fields are replaced, so a field SGLang adds to
 both keeps flowing. Where the host data is not there (gpu_only batches, two-batch-overlap children),
-the batch is SGLang's (decode, verify, idle), or it exceeds the capacity, ``prepare`` returns None
-and the backend runs SGLang's ``prepare_mixed``.
+the batch is SGLang's (decode, verify, idle), it exceeds the capacity, or its build raises (one
+warning per cause), ``prepare`` returns None and the backend runs SGLang's ``prepare_mixed``. A
+builder whose warm-up build fails (``tables.warm_up``, when it is made) leaves the backend on
+SGLang's ``prepare_mixed`` for good, with one warning.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import numpy as np
 import torch
 
 from chunkmeta.integrations.sglang import sizing
-from chunkmeta.integrations.sglang.tables import ACTIVE_DEVICES, fallback, logical_mode, needs_chunk_tables
+from chunkmeta.integrations.sglang.tables import (
+    ACTIVE_DEVICES,
+    build_failed,
+    fallback,
+    logical_mode,
+    needs_chunk_tables,
+    warm_up,
+)
 from chunkmeta.step_builder import StepTablesBuilder
 from chunkmeta.tables import SglangMamba2
 
@@ -50,7 +59,9 @@ def trusted_prefix_lens(forward_batch, num_rows: int):
 class Mamba2ChunkMeta:
     """One Mamba2 backend's extend metadata: a ``StepTablesBuilder`` of ``SglangMamba2`` tables at
     the model's ``mamba_chunk_size`` (made on the first extend: SGLang reads the chunk size from the
-    model config lazily), host scratch for ``query_start_loc`` and the prefix lengths, counters."""
+    model config lazily, and warmed up then), host scratch for ``query_start_loc`` and the prefix
+    lengths, counters. ``disabled``: why the backend keeps SGLang's own path for good (a builder
+    that could not be made or warmed up), else None."""
 
     def __init__(self, *, device, max_num_seqs: int, max_num_tokens: int, ring_depth: int = 4):
         self.device = torch.device(device)
@@ -61,8 +72,10 @@ class Mamba2ChunkMeta:
         self._prefix_cpu = torch.zeros(max_num_seqs, dtype=torch.int32)
         self._qsl_np, self._prefix_np = self._qsl_cpu.numpy(), self._prefix_cpu.numpy()
         self.tables = None  # the current forward's SglangMamba2Chunks, or None
-        self.counts = {"mamba2": 0, "stock": 0, "fallback": 0}
+        self.counts = {"mamba2": 0, "stock": 0, "fallback": 0, "build_failed": 0}
         self._warned: set[str] = set()
+        self._causes: dict[str, int] = {}  # build failures per normalised cause
+        self.disabled: str | None = None
 
     @classmethod
     def for_backend(cls, backend, model_runner) -> Mamba2ChunkMeta | None:
@@ -73,16 +86,26 @@ class Mamba2ChunkMeta:
         max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
         return cls(device=device, max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
 
-    def _builder(self, chunk_size: int) -> StepTablesBuilder:
+    def _builder(self, chunk_size: int) -> StepTablesBuilder | None:
+        """The builder at ``chunk_size``, made and warmed up on first use; None (and ``disabled``
+        set, one warning) where that fails: SGLang's ``prepare_mixed`` serves from then on."""
         builder = self.builder
         if builder is None or builder.specs["mamba2"].chunk_size != chunk_size:
-            builder = self.builder = StepTablesBuilder(
-                self.max_num_seqs,
-                self.max_num_tokens,
-                tables={"mamba2": SglangMamba2(chunk_size)},
-                device=self.device,
-                ring_depth=self.ring_depth,
-            )
+            self.builder = None
+            try:
+                builder = StepTablesBuilder(
+                    self.max_num_seqs,
+                    self.max_num_tokens,
+                    tables={"mamba2": SglangMamba2(chunk_size)},
+                    device=self.device,
+                    ring_depth=self.ring_depth,
+                )
+                warm_up(builder)
+            except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
+                self.disabled = f"{type(exc).__name__}: {exc}"
+                logger.warning("chunkmeta: Mamba2 keeps SGLang's own prepare_mixed: %s", self.disabled)
+                return None
+            self.builder = builder
         return builder
 
     def prepare(self, metadata_cls, forward_metadata, chunk_size: int, forward_batch):
@@ -91,7 +114,8 @@ class Mamba2ChunkMeta:
         self.tables = None
         qsl = getattr(forward_metadata, "query_start_loc", None)
         if (
-            qsl is None
+            self.disabled is not None
+            or qsl is None
             or forward_batch.extend_num_tokens is None
             or not needs_chunk_tables(logical_mode(forward_batch))
         ):
@@ -112,12 +136,20 @@ class Mamba2ChunkMeta:
         num_tokens = int(host_qsl[n])
         if num_tokens > self.max_num_tokens:
             return self._fallback("tokens", f"{num_tokens} tokens, over the capacity of {self.max_num_tokens}")
-        step = self._builder(chunk_size).build(
-            qsl,
-            self._qsl_cpu[: n + 1],
-            num_computed_tokens=forward_batch.extend_prefix_lens,
-            num_computed_tokens_cpu=self._prefix_cpu[:n],
-        )
+        builder = self._builder(chunk_size)
+        if builder is None:
+            self.counts["stock"] += 1
+            return None
+        try:
+            step = builder.build(
+                qsl,
+                self._qsl_cpu[: n + 1],
+                num_computed_tokens=forward_batch.extend_prefix_lens,
+                num_computed_tokens_cpu=self._prefix_cpu[:n],
+            )
+        except Exception as exc:  # noqa: BLE001  bad inputs the host checks missed, or a compile/launch failure
+            # nothing was published (the ring stands): SGLang's prepare_mixed serves this forward
+            return build_failed(self.counts, self._causes, exc, "SGLang's prepare_mixed (syncs)")
         tables = self.tables = step.mamba2
         prep = tables.prep_initial_states
         track_rows = conv_rows = None
@@ -160,7 +192,9 @@ class Mamba2ChunkMeta:
         return fallback(self.counts, self._warned, key, f"{why}; SGLang's prepare_mixed builds its tables (syncs)")
 
     def stats(self) -> dict:
-        return dict(self.counts)
+        """Forwards served, left to SGLang (``stock``), fallbacks (``build_failed`` of them: a build
+        raised; ``fallback_causes``: those per normalised cause), and ``disabled``."""
+        return {**self.counts, "fallback_causes": dict(self._causes), "disabled": self.disabled}
 
     def close(self) -> None:
         self.tables = None

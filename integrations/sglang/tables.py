@@ -27,6 +27,7 @@ only the token count, which the bounded layout's bound may then exceed: still a 
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import attrs
@@ -54,6 +55,11 @@ PAD = "past_end"  # SGLang's padding rows, (0, chunkmeta.layout.PAST_END_CHUNK)
 # 64-token tables are BT's too (``ForwardTables.with_chunk_size``). That holds for every T.
 SMALL_CHUNK_SIZES = (32, 16)
 ACTIVE_DEVICES = ("cuda", "cpu")  # NPU/XPU backends run other kernels: stay out of their way
+# SGLang's GDN builds a conv_block_table only when the rectangular (rows, max blocks) grid holds more
+# than this many times the blocks there are ("a 4x ratio means over 75% of its blocks do no work"):
+# sglang/srt/layers/attention/linear/gdn_backend.py:604-608 (GDNAttnBackend._init_prefill_conv_block_table,
+# SGLang 0.5.23).
+CONV_TABLE_GRID_RATIO = 4
 
 
 def logical_mode(forward_batch):
@@ -89,6 +95,42 @@ def fallback(counts: dict, warned: set, key: str, what: str) -> None:
             "if this repeats.",
             what,
         )
+
+
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|-?\d+")  # addresses and counts: values of one cause
+
+
+def build_failed(counts: dict, causes: dict, exc: Exception, what: str) -> None:
+    """Count a forward whose build raised (a ``ChunkMetaError`` for inputs the host checks did not
+    catch, or a compile/launch failure) and left to SGLang's own code: one warning per kind of
+    cause (numbers and addresses replaced: other values of one cause are not another warning),
+    debug after. Nothing was published: a build checks its inputs before it writes, and a launch
+    that failed part-way can only have written the slot of the ring's oldest build, which no
+    forward still binds (each forward binds its own build)."""
+    counts["fallback"] += 1
+    counts["build_failed"] += 1
+    cause = f"{type(exc).__name__}: " + _NUMBER.sub("N", str(exc))
+    count = causes[cause] = causes.get(cause, 0) + 1
+    (logger.warning if count == 1 else logger.debug)(
+        "chunkmeta: a forward's build failed: %s: %s. This forward uses %s (build failures: %d; this cause: %d).",
+        type(exc).__name__,
+        exc,
+        what,
+        counts["build_failed"],
+        count,
+    )
+
+
+def warm_up(builder: StepTablesBuilder) -> None:
+    """One build of a ``[0, 1]`` step when a builder is made: the fill compiles and the host plan
+    runs before the first real forward, and a fill that cannot run on this platform fails here,
+    where the backend can still keep SGLang's own path. Uses one ring slot."""
+    host = torch.tensor([0, 1], dtype=torch.int32)  # int32, as SGLang's query_start_loc
+    rows = {}
+    if builder.needs_computed:  # SglangMamba2 reads the cached prefixes
+        zero = torch.zeros(1, dtype=torch.int32)
+        rows = {"num_computed_tokens": zero.to(builder.device), "num_computed_tokens_cpu": zero}
+    builder.build(host.to(builder.device), host, **rows)
 
 
 @attrs.frozen(slots=True, eq=False, repr=False)
@@ -144,6 +186,9 @@ class ForwardTables:
         )
 
 
+_OWN_PATH = "SGLang's own path (FLA derives its chunk tables, one sync; GDN's conv table is SGLang's)"
+
+
 @attrs.frozen(slots=True)
 class _GraphEntry:
     """Graph mode for one static ``query_start_loc`` buffer (SGLang keeps one per batch size)."""
@@ -185,6 +230,7 @@ class BackendChunkMeta:
         if conv_block_m is not None:
             specs["conv"] = Conv(rows="batch", block_m=conv_block_m, paired=True)
         self.steps = StepTablesBuilder(max_num_seqs, max_num_tokens, tables=specs, device=device, ring_depth=ring_depth)
+        warm_up(self.steps)  # raises here, where for_backend can still keep SGLang's path
         self._host_qsl_t = torch.zeros(self.capacity.seqs + 1, dtype=torch.int32)
         self.conv_block_m = conv_block_m
         self.conv_blocks = None  # this forward's ConvBlocks (GDN, exact builds), or None
@@ -195,9 +241,19 @@ class BackendChunkMeta:
         self._graphs: dict[int, tuple[torch.Tensor, _GraphEntry]] = {}
         self._graph_pending: GraphBuild | None = None
         self.eager_depth = 0  # >0 while the base's eager entry runs (it may call the graph hooks)
-        self.counts = {"exact": 0, "bounded": 0, "graph": 0, "none": 0, "fallback": 0, "kwargs": 0, "conv": 0}
+        self.counts = {
+            "exact": 0,
+            "bounded": 0,
+            "graph": 0,
+            "none": 0,
+            "fallback": 0,
+            "build_failed": 0,
+            "kwargs": 0,
+            "conv": 0,
+        }
         self._exact_ns: list[int] = []  # host time of the last exact builds
         self._warned: set[str] = set()
+        self._causes: dict[str, int] = {}  # build failures per normalised cause
         # A builder too large for (0, PAST_END_CHUNK) rows (a sequence could reach that chunk) gets
         # no padded layouts; its forwards without host lengths, and graph extends, keep SGLang's path.
         self._no_padding: str | None = None
@@ -205,6 +261,9 @@ class BackendChunkMeta:
             layout.check_pad(PAD, layout.PADS, self.capacity.tokens, CHUNK_SIZE)
         except ChunkMetaError as exc:
             self._no_padding = str(exc)
+        else:  # the bounded fill, warmed up as the exact one
+            one = torch.tensor([0, 1], dtype=torch.int32, device=self.device)
+            self.service.builder.build_bounded(one, num_seqs=1, max_num_tokens=1, pad=PAD)
         self._patches = []
         if router is not None:
             self._patches = [patch_fla(Provider(self, size), router) for size in (CHUNK_SIZE, *SMALL_CHUNK_SIZES)]
@@ -220,13 +279,18 @@ class BackendChunkMeta:
             logger.info("chunkmeta: %s on %s keeps SGLang's own chunk metadata", type(backend).__name__, device)
             return None
         max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
-        return cls(
-            device=device,
-            max_num_seqs=max_num_seqs,
-            max_num_tokens=max_num_tokens,
-            router=router,
-            conv_block_m=conv_block_m,
-        )
+        try:
+            return cls(
+                device=device,
+                max_num_seqs=max_num_seqs,
+                max_num_tokens=max_num_tokens,
+                router=router,
+                conv_block_m=conv_block_m,
+            )
+        except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
+            name = type(backend).__name__
+            logger.warning("chunkmeta: %s keeps SGLang's own chunk metadata: %s: %s", name, type(exc).__name__, exc)
+            return None
 
     # -- binding -------------------------------------------------------------------------
 
@@ -275,7 +339,10 @@ class BackendChunkMeta:
         host_t.numpy()[:] = host
         # All rows are prefill rows (MIXED decodes are one-token extends): the whole batch is the slice.
         start = time.perf_counter_ns()
-        step = self.steps.build(qsl, host_t)
+        try:
+            step = self.steps.build(qsl, host_t)
+        except Exception as exc:  # noqa: BLE001  bad inputs the host checks missed, or a compile/launch failure
+            return self._build_failed(exc)
         self._exact_ns.append(time.perf_counter_ns() - start)
         if len(self._exact_ns) > 1024:
             del self._exact_ns[:512]
@@ -300,7 +367,10 @@ class BackendChunkMeta:
             )
         # In the builder's ring, like the exact builds: one build per forward, so a forward's
         # tables stay intact for ring_depth - 1 later forwards (the service's ring rule).
-        md = self.service.builder.build_bounded(qsl, num_seqs=n, max_num_tokens=token_bound, pad=PAD)
+        try:
+            md = self.service.builder.build_bounded(qsl, num_seqs=n, max_num_tokens=token_bound, pad=PAD)
+        except Exception as exc:  # noqa: BLE001  as in _bind_exact
+            return self._build_failed(exc)
         return self._bind(
             ForwardTables(
                 qsl, md.chunk_indices, md.chunk_offsets, CHUNK_SIZE, "bounded", md.num_chunks, md.max_seqlen, md
@@ -311,8 +381,9 @@ class BackendChunkMeta:
         """Whether SGLang's GDN ``_init_prefill_conv_block_table`` would build a table for this
         forward (host data only): on CUDA, an EXTEND or MIXED batch without multi-item scoring or
         a two-batch-overlap parent, host lengths for every row, and a rectangular
-        ``(rows, max blocks)`` grid over four times the blocks there are. Where it would not, none
-        is served either: the conv kernel then takes its rectangular grid, as in SGLang."""
+        ``(rows, max blocks)`` grid over ``CONV_TABLE_GRID_RATIO`` times the blocks there are. Where
+        it would not, none is served either: the conv kernel then takes its rectangular grid, as in
+        SGLang."""
         if self.conv_block_m is None or not on_cuda or mis:
             return False
         if getattr(forward_batch.forward_mode, "name", None) not in ("EXTEND", "MIXED"):
@@ -323,12 +394,16 @@ class BackendChunkMeta:
         if lens is None or len(lens) != forward_metadata.query_start_loc.shape[0] - 1 or not len(lens):
             return False
         blocks = [-(-int(n) // self.conv_block_m) for n in lens]
-        return len(blocks) * max(blocks) > 4 * sum(blocks)
+        return len(blocks) * max(blocks) > CONV_TABLE_GRID_RATIO * sum(blocks)
 
     def _fallback(self, key: str, why: str) -> None:
         # Serving goes on with FLA's own derivation (correct, with its sync): an optimization must
         # never take the server down.
         return fallback(self.counts, self._warned, key, f"{why}; FLA derives its chunk tables itself (one sync)")
+
+    def _build_failed(self, exc: Exception) -> None:
+        # the forward goes on as SGLang's own: FLA derives the tables, SGLang builds its conv table
+        return build_failed(self.counts, self._causes, exc, _OWN_PATH)
 
     # -- graph mode (split hooks) ---------------------------------------------------------
 
@@ -415,14 +490,15 @@ class BackendChunkMeta:
         self.counts["kwargs"] += 1
 
     def stats(self) -> dict:
-        """Counters (host data only): forwards per layout, fallbacks, injected calls, router hits
+        """Counters (host data only): forwards per layout, fallbacks (``build_failed`` of them: a
+        build raised; ``fallback_causes``: those per normalised cause), injected calls, router hits
         and misses (process-wide), and the host-time percentiles of the last exact builds."""
         out = dict(self.counts)
         if self._exact_ns:
             p50, p99 = np.percentile(self._exact_ns, [50, 99]) / 1e3
         else:
             p50 = p99 = 0.0
-        out.update(exact_host_us_p50=float(p50), exact_host_us_p99=float(p99))
+        out.update(exact_host_us_p50=float(p50), exact_host_us_p99=float(p99), fallback_causes=dict(self._causes))
         if self.router is not None:
             out.update(router_hits=self.router.hits, router_misses=self.router.misses)
         return out

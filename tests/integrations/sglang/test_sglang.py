@@ -21,6 +21,7 @@ import sglang_fake
 from checks import no_sync
 from chunkmeta import ChunkMetaError, layout, reference
 from sglang_fake import ForwardMode, decode_batch, extend_batch, mixed_batch
+from sglang_faults import chunkmeta_warnings, failing
 
 sg = pytest.importorskip("chunkmeta.integrations.sglang")
 PAST_END = layout.PAST_END_CHUNK
@@ -347,6 +348,66 @@ def test_capacity_overflow_falls_back_to_fla_once_warned(backends, caplog):
     assert sum("CHUNKMETA_SGLANG_MAX_NUM_SEQS" in r.message for r in caplog.records) == 1
     forward(backend, extend_batch([100, 31]))  # 131 tokens > 128 + 2
     assert backend.chunkmeta.counts["fallback"] == 3
+
+
+@pytest.mark.parametrize("kind", ["kda", "gdn"])
+@pytest.mark.parametrize("layout_name", ["exact", "bounded"])
+def test_failed_build_leaves_the_forward_to_fla_once_warned(backends, monkeypatch, caplog, kind, layout_name):
+    """A build that raises (a ChunkMetaError the host checks let through, or a compile/launch
+    failure) leaves that forward to FLA, one warning per cause whatever its numbers, counted; the
+    next forward is chunkmeta's again."""
+    backend = backends(T23, kind)
+    chunks = backend.chunkmeta
+    host = layout_name == "exact"
+    builder, name = (chunks.steps, "build") if host else (chunks.service.builder, "build_bounded")
+    errors = [ChunkMetaError(f"query_start_loc has {n} entries, want {n + 1}") for n in (3, 5)]
+    failing(monkeypatch, builder, name, [*errors, RuntimeError("Triton: launch failed at 0x7f00")])
+    batches = [[100, 28], [9, 1, 300], [64, 64]]
+    with caplog.at_level(logging.WARNING, logger=sg.__name__):
+        for lens in batches:
+            run = forward(backend, extend_batch(lens, host_lens=host))
+            assert chunks.tables is None and chunks.conv_blocks is None
+            assert rows(run.chunk_indices) == reference.chunk_metadata(qsl_of(lens), 64).chunk_indices
+    assert T23.state["fla_syncs"] == 3  # FLA derived them itself, each forward
+    warned = chunkmeta_warnings(caplog)
+    assert len(warned) == 2 and all("build failed" in w for w in warned)
+    assert "ChunkMetaError" in warned[0] and "RuntimeError" in warned[1]
+    stats = chunks.stats()
+    assert stats["fallback"] == stats["build_failed"] == 3 and stats[layout_name] == 0
+    assert stats["fallback_causes"] == {
+        "ChunkMetaError: query_start_loc has N entries, want N": 2,
+        "RuntimeError: Triton: launch failed at N": 1,
+    }
+    run = forward(backend, extend_batch([70, 5], host_lens=host))
+    assert_tables(chunks.tables, [70, 5], layout=layout_name)
+    assert run.chunk_indices is chunks.tables.chunk_indices and T23.state["fla_syncs"] == 3
+    assert chunks.counts[layout_name] == 1
+
+
+@pytest.mark.parametrize("kind", ["kda", "gdn"])
+@pytest.mark.parametrize("failing_build", ["build", "build_bounded"])
+def test_failed_warm_up_keeps_sglangs_path(backends, monkeypatch, caplog, kind, failing_build):
+    """The builders' first build runs when the backend is made: where it fails, the backend keeps
+    SGLang's own path for good (no chunkmeta, FLA derives every forward's tables), one warning."""
+    from chunkmeta.builder import ChunkMetadataBuilder
+    from chunkmeta.step_builder import StepTablesBuilder
+
+    owner = StepTablesBuilder if failing_build == "build" else ChunkMetadataBuilder
+    assert callable(getattr(owner, failing_build))
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("NVRTC: compilation failed")
+
+    with caplog.at_level(logging.WARNING, logger=sg.__name__):
+        with monkeypatch.context() as patch:
+            patch.setattr(owner, failing_build, refuse)
+            backend = backends(T23, kind)
+        for lens in ([100, 28], [70, 5]):
+            run = forward(backend, extend_batch(lens))
+            assert rows(run.chunk_indices) == reference.chunk_metadata(qsl_of(lens), 64).chunk_indices
+    assert backend.chunkmeta is None and T23.state["fla_syncs"] == 2
+    why = "keeps SGLang's own chunk metadata: RuntimeError: NVRTC: compilation failed"
+    assert chunkmeta_warnings(caplog) == [f"chunkmeta: {type(backend).__name__} {why}"]
 
 
 def test_builder_too_large_for_past_end_rows_keeps_sglangs_path(backends, monkeypatch, caplog):

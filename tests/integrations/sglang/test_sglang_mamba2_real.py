@@ -14,6 +14,7 @@ Syncs are counted on CPU by ``sync_count.SyncCounter`` (the idioms that sync on 
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 
 import numpy as np
 import pytest
@@ -32,9 +33,11 @@ from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-from chunkmeta import reference
+from chunkmeta import ChunkMetaError, reference
 from chunkmeta.integrations import sglang as sg
 from chunkmeta.integrations.sglang.mamba2 import Mamba2ChunkMeta
+from chunkmeta.step_builder import StepTablesBuilder
+from sglang_faults import chunkmeta_warnings, failing
 from sync_count import SyncCounter
 from test_sglang_real import FLA, KernelRecorder, Pool, backend
 
@@ -204,7 +207,7 @@ def test_mamba2_keeps_sglangs_path_without_host_data(monkeypatch):
     stock.init_forward_metadata(batch)
     ours.init_forward_metadata(forward_batch([5, 70], [0, 3], host=False))
     assert_same(ours.forward_metadata, stock.forward_metadata)
-    assert ours.chunkmeta.counts == {"mamba2": 0, "stock": 1, "fallback": 0}
+    assert ours.chunkmeta.counts == {"mamba2": 0, "stock": 1, "fallback": 0, "build_failed": 0}
     decode = ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=2,
@@ -223,6 +226,66 @@ def test_mamba2_over_capacity_falls_back(monkeypatch):
     ours.chunkmeta = Mamba2ChunkMeta(device="cpu", max_num_seqs=2, max_num_tokens=64)
     ours.init_forward_metadata(forward_batch([5, 70], [0, 3]))
     assert ours.chunkmeta.counts["fallback"] == 1 and ours.forward_metadata.mixed_metadata.chunk_indices is not None
+
+
+# -- builds that fail: the forward is SGLang's own ------------------------------------------------
+
+
+FAILURES = {
+    "ChunkMetaError": lambda n: ChunkMetaError(f"num_computed_tokens has {n} entries, want {n + 1}"),
+    "RuntimeError": lambda n: RuntimeError(f"Triton: launch failed (CUDA error {n}) at 0x7f{n}0"),
+}
+
+
+@pytest.mark.parametrize("error", sorted(FAILURES))
+def test_mamba2_failed_build_gives_prepare_mixed_once_warned(monkeypatch, caplog, error):
+    """A build that raises leaves that forward to SGLang's prepare_mixed, whose metadata it then is,
+    field for field; one warning per cause whatever its numbers, counted; the next forward is
+    chunkmeta's again."""
+    stock = mamba2_backend(STOCK_MAMBA2, 64)
+    ours = mamba2_backend(sg.chunkmeta_backend(STOCK_MAMBA2, kind="mamba2"), 64)
+    chunks = ours.chunkmeta
+    ours.init_forward_metadata(forward_batch([9, 80], [3, 0]))  # makes (and warms up) the builder
+    failing(monkeypatch, chunks.builder, "build", [FAILURES[error](n) for n in (2, 7)])
+    with caplog.at_level(logging.DEBUG, logger="chunkmeta"):
+        for lens, prefix, mode in CASES[:2]:
+            stock.init_forward_metadata(forward_batch(lens, prefix, mode))
+            ours.init_forward_metadata(forward_batch(lens, prefix, mode))
+            assert chunks.tables is None
+            assert_same(ours.forward_metadata, stock.forward_metadata)
+    warned = chunkmeta_warnings(caplog)
+    assert len(warned) == 1 and error in warned[0] and "prepare_mixed" in warned[0], warned
+    stats = chunks.stats()
+    assert stats["fallback"] == stats["build_failed"] == 2 and stats["mamba2"] == 1 and stats["disabled"] is None
+    (cause,) = stats["fallback_causes"]
+    assert stats["fallback_causes"][cause] == 2 and "2" not in cause and "7" not in cause
+    lens, prefix, mode = CASES[2]
+    stock.init_forward_metadata(forward_batch(lens, prefix, mode))
+    with sglang_builders_refused(monkeypatch):
+        ours.init_forward_metadata(forward_batch(lens, prefix, mode))
+    assert_same(ours.forward_metadata, stock.forward_metadata)
+    assert chunks.counts["mamba2"] == 2 and ours.forward_metadata.mixed_metadata.seq_idx is chunks.tables.seq_idx
+
+
+def test_mamba2_failed_warm_up_keeps_prepare_mixed(monkeypatch, caplog):
+    """The builder's first build (made on the first extend, a [0, 1] step) fails: that forward and
+    every later one are SGLang's prepare_mixed, with one warning, also once the fill would work."""
+    stock = mamba2_backend(STOCK_MAMBA2, 64)
+    ours = mamba2_backend(sg.chunkmeta_backend(STOCK_MAMBA2, kind="mamba2"), 64)
+    chunks = ours.chunkmeta
+    with caplog.at_level(logging.WARNING, logger="chunkmeta"):
+        with monkeypatch.context() as patch:
+            failing(patch, StepTablesBuilder, "build", [RuntimeError("NVRTC: compilation failed")])
+            for lens, prefix, mode in CASES[:3]:
+                stock.init_forward_metadata(forward_batch(lens, prefix, mode))
+                ours.init_forward_metadata(forward_batch(lens, prefix, mode))
+                assert_same(ours.forward_metadata, stock.forward_metadata)
+        ours.init_forward_metadata(forward_batch([9, 80], [3, 0]))
+    assert chunkmeta_warnings(caplog) == [
+        "chunkmeta: Mamba2 keeps SGLang's own prepare_mixed: RuntimeError: NVRTC: compilation failed"
+    ]
+    assert chunks.builder is None and chunks.disabled == "RuntimeError: NVRTC: compilation failed"
+    assert chunks.counts == {"mamba2": 0, "stock": 4, "fallback": 0, "build_failed": 0}
 
 
 def test_breakable_graph_replay_runs_our_eager_build(monkeypatch):
@@ -288,6 +351,74 @@ def test_gdn_conv_block_table_equals_sglangs(monkeypatch):
     finally:
         ours.chunkmeta.close()
     assert served > 10 and none > 10 and ours.chunkmeta.counts["conv"] == served
+
+
+@pytest.mark.parametrize("error", sorted(FAILURES))
+def test_gdn_failed_build_gives_sglangs_metadata(monkeypatch, caplog, error):
+    """GDN's exact build raises: the forward's metadata is SGLang's own (its conv_block_table
+    included), FLA derives the chunk tables; one warning, counted; the next forward is chunkmeta's."""
+    stock, ours = gdn_pair(monkeypatch)
+    chunks, tables_made = ours.chunkmeta, []
+    ragged = ([1] * 8 + [700], [0] * 8 + [40], ForwardMode.MIXED)  # SGLang builds a conv_block_table
+    try:
+        failing(monkeypatch, chunks.steps, "build", [FAILURES[error](n) for n in (2, 7)])
+        with caplog.at_level(logging.WARNING, logger="chunkmeta"):
+            for lens, prefix, mode in (ragged, ([70, 5, 3], [0, 0, 0], ForwardMode.EXTEND)):
+                stock.init_forward_metadata(forward_batch(lens, prefix, mode))
+                ours.init_forward_metadata(forward_batch(lens, prefix, mode))
+                assert chunks.tables is None and chunks.conv_blocks is None
+                assert_same(ours.forward_metadata, stock.forward_metadata)
+                tables_made.append(stock.forward_metadata.conv_block_table is not None)
+        assert tables_made == [True, False]
+        warned = chunkmeta_warnings(caplog)
+        assert len(warned) == 1 and error in warned[0] and "FLA derives" in warned[0], warned
+        stats = chunks.stats()
+        assert stats["fallback"] == stats["build_failed"] == 2 and stats["exact"] == stats["conv"] == 0
+        assert list(stats["fallback_causes"].values()) == [2]
+        stock.init_forward_metadata(forward_batch(*ragged))
+        with monkeypatch.context() as patch:
+            patch.setattr(gdn_backend.GDNAttnBackend, "_init_prefill_conv_block_table", _raise("conv table"))
+            ours.init_forward_metadata(forward_batch(*ragged))
+        assert chunks.tables.layout == "exact" and chunks.counts["conv"] == 1
+        assert ours.forward_metadata.conv_block_table is chunks.conv_blocks.block_table
+        assert_same(ours.forward_metadata.conv_block_table, stock.forward_metadata.conv_block_table)
+    finally:
+        chunks.close()
+
+
+def test_gdn_failed_warm_up_keeps_sglangs_backend(monkeypatch, caplog):
+    """The exact builder's warm-up fails when the backend is made: no chunkmeta on that backend."""
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import ServerArgs
+
+    runner = SimpleNamespace(
+        server_args=ServerArgs(model_path="unused"),
+        req_to_token_pool=Pool(),
+        max_running_requests=None,
+        model_config=SimpleNamespace(context_len=8192),
+        device="cpu",
+    )
+    obj = object.__new__(sg.chunkmeta_backend(gdn_backend.GDNAttnBackend, kind="gdn", fla_package=FLA))
+    with caplog.at_level(logging.WARNING, logger="chunkmeta"):
+        with monkeypatch.context() as patch:
+            failing(patch, StepTablesBuilder, "build", [RuntimeError("NVRTC: compilation failed")])
+            made = sg.BackendChunkMeta.for_backend(obj, runner, None, conv_block_m=8)
+    assert made is None
+    assert chunkmeta_warnings(caplog) == [
+        f"chunkmeta: {type(obj).__name__} keeps SGLang's own chunk metadata: RuntimeError: NVRTC: compilation failed"
+    ]
+    made = sg.BackendChunkMeta.for_backend(obj, runner, None, conv_block_m=8)  # the fill works: served
+    assert made is not None and made.steps.builds == 1  # its warm-up
+    made.close()
+
+
+def test_conv_table_rule_is_sglangs():
+    """The grid ratio chunkmeta's rule copies is the one SGLang's rule reads."""
+    import inspect
+
+    source = inspect.getsource(gdn_backend.GDNAttnBackend._init_prefill_conv_block_table)
+    assert f"<= {sg.tables.CONV_TABLE_GRID_RATIO} * sum(" in " ".join(source.split())
 
 
 def test_gdn_without_host_lengths_keeps_sglangs_table_rule(monkeypatch):

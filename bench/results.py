@@ -927,6 +927,37 @@ def _render_vllm_step_loop(records: list[dict]) -> list[str]:
     return out + _table(["record", "commit", "speed-up", "outputs bit-identical", "note"], rows)
 
 
+def _render_sglang_mamba2(records: list[dict]) -> list[str]:
+    latest = _latest(records, "sglang_mamba2")
+    if latest is None:
+        return []
+    f = latest["figures"]
+    out = [
+        "## SGLang's Mamba2 extend metadata",
+        "",
+        "Host µs per forward (median) and syncs counted, SGLang 0.5.23's own `init_forward_metadata` / "
+        f"`prepare_mixed` against chunkmeta's, {f['rounds']} rounds, chunk size {f['chunk_size']}, on {f['device']} "
+        "(bench/sglang_mamba2.py says what each method is).",
+        "",
+    ] + _about(latest)
+    rows = []
+    for row in f["rows"]:
+        m = row["methods"]
+        stock, ours = m["stock_init"], m["chunkmeta_init"]
+        rows.append(
+            [
+                f"{row['rows']} x {row['tokens_per_row']}",
+                "yes" if row["cached_prefix"] else "no",
+                f"{stock['host_us']:.1f} / {stock['syncs']}",
+                f"{ours['host_us']:.1f} / {ours['syncs']}",
+                f"{row['ratio_init']:.1f}x",
+                "yes" if row["exact"] else "NO",
+            ]
+        )
+    heads = ["rows x tokens", "cached prefix", "stock µs / syncs", "chunkmeta µs / syncs", "stock / chunkmeta", "exact"]
+    return out + _table(heads, rows)
+
+
 def _render_stress(records: list[dict]) -> list[str]:
     runs = _sorted(records, "stress")
     if not runs:
@@ -1110,6 +1141,7 @@ def render(records: list[dict]) -> str:
         _render_step_tables,
         _render_step_loop,
         _render_vllm_step_loop,
+        _render_sglang_mamba2,
         _render_stress,
         _render_pytest_benchmark,
         _render_demo,

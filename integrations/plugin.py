@@ -11,6 +11,7 @@ engine's: which names they patch, and with what.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import logging
@@ -212,15 +213,37 @@ class Patches:
                 hook.remove()
             self._hooks.clear()
             for patch in reversed(list(self._patches.values())):
-                if not patch.in_place:
-                    self._logger.warning(
-                        "chunkmeta: %s.%s was replaced after install(); left as it is", patch.owner.__name__, patch.name
-                    )
-                elif patch.original is _ABSENT:
-                    delattr(patch.owner, patch.name)
-                else:
-                    setattr(patch.owner, patch.name, patch.original)
+                self._restore(patch)
             self._patches.clear()
+
+    @contextlib.contextmanager
+    def all_or_nothing(self):
+        """Hold ``lock`` over the block; if it raises, undo the patches it applied and the hooks it
+        armed (what was there before stays), then re-raise."""
+        with self.lock:
+            patches, hooks = dict(self._patches), dict(self._hooks)
+            try:
+                yield
+            except BaseException:
+                for key, hook in list(self._hooks.items()):
+                    if hooks.get(key) is not hook:
+                        hook.remove()
+                for key, patch in reversed(list(self._patches.items())):
+                    if patches.get(key) is not patch:
+                        self._restore(patch)
+                self._patches = patches
+                self._hooks = {key: hook for key, hook in hooks.items() if key in self._hooks}  # fired: gone
+                raise
+
+    def _restore(self, patch: Patch) -> None:
+        if not patch.in_place:
+            self._logger.warning(
+                "chunkmeta: %s.%s was replaced after install(); left as it is", patch.owner.__name__, patch.name
+            )
+        elif patch.original is _ABSENT:
+            delattr(patch.owner, patch.name)
+        else:
+            setattr(patch.owner, patch.name, patch.original)
 
     def _deferred(self, module_name: str, callback):
         def run(module):

@@ -57,13 +57,17 @@ class FlaRouter:
         self._require = require
         self._hooks: list = []
         self._routed: dict[str, None] = {}
-        self._lock = threading.Lock()
+        # reentrant: a service's uninstall() can run from a weakref finalizer, that is from the
+        # garbage collector, on a thread that holds the lock already (inside install())
+        self._lock = threading.RLock()
         self._installs = 0
+        self._generation = 0  # restore() starts a new one: installs counted before it are void
         self._persistent = False
         self._originals: dict[str, object] = {}
         self._patched: list[tuple[object, str, object]] = []
         self._local = threading.local()
-        self._services: list = []
+        # replaced, never mutated, under _lock: _provided() iterates it on any thread without it
+        self._services: tuple = ()
         self.hits = 0
         self.misses = 0
 
@@ -98,7 +102,9 @@ class FlaRouter:
                 setattr(module, name, wrappers[name])
                 self._routed[module.__name__] = None
             elif bound is not None and bound == wrappers[name]:
-                # imported after the index module was patched: it bound the wrapper itself
+                # imported after the index module was patched: it bound the wrapper itself, and
+                # gets FLA's helper back when the wrappers are removed
+                self._patched.append((module, name, original))
                 self._routed[module.__name__] = None
 
     def _watch_modules(self) -> None:
@@ -133,14 +139,18 @@ class FlaRouter:
         """Install once for the rest of the process (the adapters' use): rebinding FLA's names
         means scanning every loaded module, far too slow to redo per call, and the wrappers fall
         through to FLA whenever no chunkmeta metadata matches."""
-        if not self._persistent:
-            self.install()
-            self._persistent = True
+        with self._lock:
+            if not self._persistent:
+                self.install()
+                self._persistent = True
 
     def restore(self) -> None:
-        """Remove the wrappers whoever installed them."""
+        """Remove the wrappers and import hooks, whoever installed them. Services stay registered
+        (their wrappers are gone: FLA's own helpers answer until the next install); the installs
+        counted so far are void, so a service removed later leaves the next install alone."""
         with self._lock:
             self._installs = 0
+            self._generation += 1
             self._persistent = False
             self._unpatch()
 
@@ -173,9 +183,26 @@ class FlaRouter:
         finally:
             stack.pop()
 
+    def _add_service(self, service) -> int:
+        """Install and register ``service``; returns the generation its install counts in."""
+        with self._lock:
+            self.install()
+            self._services = (*self._services, service)
+            return self._generation
+
+    def _remove_service(self, service, generation: int) -> None:
+        with self._lock:
+            services = self._services
+            for i, registered in enumerate(services):
+                if registered is service:
+                    self._services = services[:i] + services[i + 1 :]
+                    break
+            if generation == self._generation:
+                self.uninstall()
+
     def _provided(self):
         yield from reversed(self._local.__dict__.get("stack", ()))
-        for service in self._services:
+        for service in self._services:  # one read of the attribute: a tuple no one mutates
             if service.in_step:
                 current = service.current
                 if current is not None:  # a service may end its step between the two reads
@@ -234,20 +261,21 @@ class FlaPatch:
     def __init__(self, service, router: FlaRouter):
         self.service = service
         self._active = False
+        self._generation = None
         self._router = router
 
     def install(self) -> FlaPatch:
-        if not self._active:
-            self._router.install()
-            self._router._services.append(self.service)
-            self._active = True
+        with self._router._lock:
+            if not self._active:
+                self._generation = self._router._add_service(self.service)
+                self._active = True
         return self
 
     def uninstall(self) -> None:
-        if self._active:
-            self._router._services.remove(self.service)
-            self._router.uninstall()
-            self._active = False
+        with self._router._lock:
+            if self._active:
+                self._active = False
+                self._router._remove_service(self.service, self._generation)
 
     def __enter__(self) -> FlaPatch:
         return self.install()

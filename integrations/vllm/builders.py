@@ -15,8 +15,9 @@ Inside a chunkmeta builder's ``build()`` each point records what vLLM asked for 
 None for its tables; when vLLM's ``build()`` returns, one ``StepTablesBuilder`` launch makes
 every table from the very tensors the metadata holds (``non_spec_query_start_loc``,
 ``query_start_loc_p``), and they are set on that metadata before vLLM sees it. A step chunkmeta
-cannot build (over capacity, input it refuses) gets vLLM's own functions, called with the
-arguments vLLM gave: one warning per cause, counted in ``chunkmeta_stats()``.
+cannot build (over capacity, input it refuses, a fill that fails to compile or launch) gets vLLM's
+own functions, called with the arguments vLLM gave: one warning per cause, counted in
+``chunkmeta_stats()``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ class StepRequest:
     @property
     def asked(self) -> bool:
         return self.fla is not None or self.conv is not None or self.ssd is not None
+
+
+def _set_conv(metadata, tables) -> None:
+    """The causal-conv1d fields: ``compute_causal_conv1d_metadata``'s three results."""
+    metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = tables
+
+
+def _set_ssd(metadata, tables) -> None:
+    """Mamba2's SSD fields: ``_build_chunk_metadata_tensors``'s four results."""
+    metadata.cu_chunk_seqlen_p, metadata.seq_idx_p, metadata.last_chunk_indices_p, metadata.checkpoint_chunk_idx = (
+        tables
+    )
 
 
 def _request_of(builder) -> StepRequest | None:
@@ -151,9 +164,9 @@ class ChunkmetaBuilderMixin:
         if request.asked:
             try:
                 self._chunkmeta_serve(metadata, request)
-            except ChunkMetaError as exc:
-                # The step builder validates everything before it writes, and vLLM's functions
-                # are pure in the arguments recorded: called now they give what vLLM would have.
+            except Exception as exc:  # noqa: BLE001  input it refuses, or a fill that fails to compile / launch
+                # vLLM's functions are pure in the arguments recorded: called now they give what
+                # vLLM would have, and they set every field a failed serve may have set.
                 self._chunkmeta_fall_back(exc)
                 self._vllm_tables(metadata, request)
         return metadata
@@ -164,20 +177,20 @@ class ChunkmetaBuilderMixin:
     def _vllm_tables(self, metadata, request: StepRequest) -> None:
         if request.conv_served:
             original, query_start_loc_cpu, device = request.conv
-            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = original(
-                query_start_loc_cpu, device=device
-            )
+            _set_conv(metadata, original(query_start_loc_cpu, device=device))
 
     def _chunkmeta_count(self, names) -> None:
         for name in names:
             self._chunkmeta_served[name] = self._chunkmeta_served.get(name, 0) + 1
 
-    def _chunkmeta_fall_back(self, exc: ChunkMetaError) -> None:
+    def _chunkmeta_fall_back(self, exc: Exception) -> None:
         self.chunkmeta_fallbacks += 1
-        cause = re.sub(r"-?\d+", "N", str(exc))  # one warning per kind of cause, whatever its values
+        # one warning per kind of cause, whatever its values
+        cause = f"{type(exc).__name__}: " + re.sub(r"-?\d+", "N", str(exc))
         count = self._chunkmeta_causes[cause] = self._chunkmeta_causes.get(cause, 0) + 1
         (logger.warning if count == 1 else logger.debug)(
-            "chunkmeta: %s This step uses vLLM's own step tables (fallback %d; this cause: %d).",
+            "chunkmeta: %s: %s This step uses vLLM's own step tables (fallback %d; this cause: %d).",
+            type(exc).__name__,
             exc,
             self.chunkmeta_fallbacks,
             count,
@@ -262,7 +275,7 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
             metadata.chunk_indices, metadata.chunk_offsets = fields
             served.append("fla")
         if request.conv_served:
-            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = _tables.conv_fields(step["conv"])
+            _set_conv(metadata, _tables.conv_fields(step["conv"]))
             served.append("conv")
         self._chunkmeta_count(served)
         routes = {}
@@ -286,10 +299,12 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
     _chunkmeta_serves = Serves(conv=True)
 
     def _chunkmeta_specs(self, vllm_config) -> dict:
-        serves = self._chunkmeta_serves
         if not getattr(self, "needs_causal_conv1d_metadata", True):
-            serves = Serves(ssd=serves.ssd)
-        return _tables.specs(serves, mamba_chunk_size=getattr(self, "chunk_size", None))
+            # a builder whose build() asks for no conv tables (vLLM 0.33.0: PleShortConv, not
+            # wired); the instance serves what its specs are made for, so a call to the conv
+            # stand-in all the same gets vLLM's function, not a table the step never built
+            self._chunkmeta_serves = Serves(ssd=self._chunkmeta_serves.ssd)
+        return _tables.specs(self._chunkmeta_serves, mamba_chunk_size=getattr(self, "chunk_size", None))
 
     def _chunkmeta_setup(self) -> None:
         if self._chunkmeta_serves.ssd:
@@ -338,27 +353,17 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
         step = self.chunkmeta.build(qsl, qsl_cpu, **rows)
         served = []
         if request.conv_served:
-            metadata.nums_dict, metadata.batch_ptr, metadata.token_chunk_offset_ptr = _tables.conv_fields(step["conv"])
+            _set_conv(metadata, _tables.conv_fields(step["conv"]))
             served.append("conv")
         if request.ssd is not None:
-            (
-                metadata.cu_chunk_seqlen_p,
-                metadata.seq_idx_p,
-                metadata.last_chunk_indices_p,
-                metadata.checkpoint_chunk_idx,
-            ) = _tables.ssd_fields(step["ssd"])
+            _set_ssd(metadata, _tables.ssd_fields(step["ssd"]))
             served.append("ssd")
         self._chunkmeta_count(served)
 
     def _vllm_tables(self, metadata, request: StepRequest) -> None:
         super()._vllm_tables(metadata, request)
         if request.ssd is not None:
-            (
-                metadata.cu_chunk_seqlen_p,
-                metadata.seq_idx_p,
-                metadata.last_chunk_indices_p,
-                metadata.checkpoint_chunk_idx,
-            ) = super()._build_chunk_metadata_tensors(*request.ssd)
+            _set_ssd(metadata, super()._build_chunk_metadata_tensors(*request.ssd))
 
 
 def wrapped_builder(cls: type) -> type:

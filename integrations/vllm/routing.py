@@ -59,6 +59,16 @@ def router() -> FlaRouter:
         return _ROUTER
 
 
+def restore() -> None:
+    """Put vLLM's helpers back in every routed module and disarm the router's import hooks
+    (``uninstall()``). Builders alive keep their tables; their routes stay registered but no
+    wrapper asks them, so the vendored ops derive theirs as vLLM does, until a builder made
+    after a new ``install()`` installs the router again (then they answer again)."""
+    with _ROUTER_LOCK:
+        if _ROUTER is not None:
+            _ROUTER.restore()
+
+
 @attrs.frozen(slots=True)
 class Route:
     """One of a step's vLLM ``cu_seqlens`` tensors and chunkmeta's FLA tables for it: the fields

@@ -84,7 +84,9 @@ def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tupl
     when vLLM imports its module, if it has not yet. Call it before vLLM builds its attention
     groups (the plugin, ``register()``, runs early enough in every process). Returns the
     builder classes installed so far. Raises ``ChunkMetaError`` for a vLLM whose interface
-    differs, or whose version is untested unless ``allow_untested``.
+    differs (a Kimi-K3 module imported already included), or whose version is untested unless
+    ``allow_untested``; a call that raises has undone what it applied (an earlier call's patches
+    stay). A Kimi-K3 module vLLM imports later and whose interface differs is logged, not raised.
     """
     api = api if api is not None else interface.load_vllm_api()
     interface.GATE.check(api.version, logger, allow_untested=allow_untested)
@@ -94,7 +96,7 @@ def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tupl
             f"vLLM {api.version} does not have the interface chunkmeta patches: {'; '.join(problems)}. "
             f"Use vllm=={SUPPORTED_VLLM[-1]}."
         )
-    with _PATCHES.lock:
+    with _PATCHES.all_or_nothing():  # a failure (a Kimi-K3 module imported already, changed) undoes this call
         for module in api.conv_modules:
             _patch_conv(module)
         builders = tuple(_patch(backend, api.gdn_builder) for backend in (*api.backends(), *api.mamba_backends))
@@ -106,8 +108,15 @@ def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tupl
 
 
 def uninstall() -> None:
-    """Undo ``install()`` (idempotent). Builders vLLM already made keep chunkmeta."""
+    """Undo ``install()`` (idempotent): the backends' ``get_builder_cls``, the conv stand-ins,
+    the pending Kimi-K3 hooks, and the FLA router (vLLM's vendored FLA / KDA modules get their
+    own ``prepare_chunk_*`` back, its import hooks are disarmed). Builders vLLM already made
+    keep chunkmeta's FLA and SSD tables (their conv tables and the ops' in-forward derivation
+    are vLLM's again) until a new ``install()`` and a new builder bring the router back."""
+    from chunkmeta.integrations.vllm import routing
+
     _PATCHES.undo()
+    routing.restore()
 
 
 def installed() -> dict[type, type]:

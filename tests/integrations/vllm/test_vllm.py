@@ -11,6 +11,7 @@ under `torch.cuda.set_sync_debug_mode("error")`. The real vLLM runs in tests/int
 import importlib
 import logging
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,26 @@ def test_batch_beyond_the_limits_falls_back_to_vllm(caplog):
     assert ours.chunkmeta_fallbacks == 2 and steps(ours) == 0
     assert_same_step(build(ours, BATCHES["padded"]), build(stock, BATCHES["padded"]))
     assert steps(ours) == 1
+
+
+def test_a_serve_that_raises_falls_back_to_vllm(monkeypatch, caplog):
+    """Any exception of chunkmeta's serve (a Triton compile or launch failure for a new input, say),
+    not only ChunkMetaError, gives vLLM's own tables from the recorded arguments: one warning per
+    cause, counted, the exception's type in the cause."""
+    ours, stock = make(cm_class()), make(fake.GDNAttentionMetadataBuilder)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: no kernel for int64 at 12 rows")
+
+    monkeypatch.setattr(ours.chunkmeta, "build", broken)
+    with caplog.at_level(logging.DEBUG, logger=adapter.logger.name):
+        for name in ("decode_first", "padded", "spec"):
+            assert_same_step(build(ours, BATCHES[name]), build(stock, BATCHES[name]))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "RuntimeError: triton: no kernel" in warnings[0].getMessage()
+    stats = ours.chunkmeta_stats()
+    assert stats["fallbacks"] == 3 and stats["served"] == {}
+    assert stats["fallback_causes"] == {"RuntimeError: triton: no kernel for intN at N rows": 3}
 
 
 def test_warm_up_at_construction(monkeypatch, caplog):
@@ -424,6 +445,50 @@ def test_install_is_idempotent_and_uninstall_restores():
     assert fake.KimiK3ROCmKDABackend.get_builder_cls() is fake.KimiK3ROCmKDAMetadataBuilder
     assert adapter.installed() == {}
     assert adapter.install(fake.api()) == first  # reinstall: the same classes (vLLM keys groups by type)
+
+
+def conv_module(name):
+    module = types.ModuleType(name)
+
+    def compute_causal_conv1d_metadata(query_start_loc_p_cpu, *, device):
+        return None, None, None
+
+    module.compute_causal_conv1d_metadata = compute_causal_conv1d_metadata
+    return module
+
+
+def test_install_that_fails_undoes_what_it_applied(monkeypatch):
+    """A Kimi-K3 NVIDIA module imported already is wired inside install(); if its interface
+    differs install() raises, and what that call applied (conv stand-ins, get_builder_cls, the
+    import hook it armed) is undone; an earlier install's patches stay."""
+    conv = conv_module("cm_conv_module")
+    kimi = types.ModuleType("cm_kimi_nvidia_changed")
+    kimi.KimiK3KDAAttentionBackend = type("KimiK3KDAAttentionBackend", (), {})  # no get_builder_cls
+    monkeypatch.setitem(sys.modules, kimi.__name__, kimi)
+    original_conv = conv.compute_causal_conv1d_metadata
+    gdn_getter = own_getter(fake.GDNAttentionBackend)
+    api = adapter.VllmApi(
+        "0.33.0",
+        fake.GDNAttentionBackend,
+        fake.GDNAttentionMetadataBuilder,
+        kimi_rocm_module="cm_kimi_rocm_never_imported",
+        conv_modules=(conv,),
+        kimi_nvidia_module=kimi.__name__,
+    )
+    with pytest.raises(ChunkMetaError, match="KimiK3KDAAttentionBackend.get_builder_cls"):
+        adapter.install(api)
+    assert adapter.installed() == {} and adapter.pending() == ()
+    assert conv.compute_causal_conv1d_metadata is original_conv
+    assert own_getter(fake.GDNAttentionBackend) is gdn_getter
+    assert not [f for f in sys.meta_path if isinstance(f, ImportHook)]
+
+    first = adapter.install(fake.api())  # an earlier call's patches survive a later failing call
+    with pytest.raises(ChunkMetaError):
+        adapter.install(api)
+    assert adapter.installed() == dict(zip((fake.GDNAttentionBackend, fake.KimiK3ROCmKDABackend), first, strict=True))
+    assert conv.compute_causal_conv1d_metadata is original_conv and adapter.pending() == ()
+    adapter.uninstall()
+    assert own_getter(fake.GDNAttentionBackend) is gdn_getter
 
 
 def test_install_on_a_backend_that_inherits_get_builder_cls():

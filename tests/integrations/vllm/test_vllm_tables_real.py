@@ -285,6 +285,51 @@ def test_mamba2_checkpoint_chunks_equal_vllms(configs, monkeypatch, vllm_tables_
     assert_same_ssd(got, want)
 
 
+def test_a_mamba_builder_without_conv_tables(configs):
+    """A builder with needs_causal_conv1d_metadata False (vLLM 0.33.0's PleShortConv; here a
+    Mamba2 one) gets no conv tables from chunkmeta; if vLLM called the conv function all the
+    same, the stand-in answers with vLLM's, and the step's SSD tables are still chunkmeta's."""
+
+    class NoConv(mamba2_attn.Mamba2AttentionMetadataBuilder):
+        needs_causal_conv1d_metadata = False
+
+    stock, ours = pair(NoConv, configs["mamba"], kind=MambaAttentionBackendEnum.MAMBA2)
+    assert type(ours)._chunkmeta_serves == adapter.Serves(conv=True, ssd=True)
+    assert ours._chunkmeta_serves == adapter.Serves(ssd=True) and "conv" not in ours.chunkmeta.specs
+    case = BATCHES["chunked_prefill"]
+    got, want = build(ours, case), build(stock, case)
+    assert_same_ssd(got, want) and got.nums_dict is None
+    stock.needs_causal_conv1d_metadata = ours.needs_causal_conv1d_metadata = True
+    got, want = build(ours, case), build(stock, case)
+    assert_same_ssd(got, want)
+    assert_same_conv(got, want)
+    stats = ours.chunkmeta_stats()
+    assert stats["served"] == {"ssd": 2} and stats["fallbacks"] == 0
+
+
+def test_a_serve_that_raises_gives_vllms_tables(configs, monkeypatch, caplog):
+    """Any exception of the build (here a RuntimeError, as a Triton compile or launch failure
+    raises) gives vLLM's conv and SSD tables from the recorded arguments: one warning, counted."""
+    stock, ours = pair(
+        mamba2_attn.Mamba2AttentionMetadataBuilder, configs["mamba"], kind=MambaAttentionBackendEnum.MAMBA2
+    )
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton compile failed for bfloat16")
+
+    monkeypatch.setattr(ours.chunkmeta, "build", broken)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        for name in ("decode_first", "chunked_prefill"):
+            got, want = build(ours, BATCHES[name]), build(stock, BATCHES[name])
+            assert_same_conv(got, want)
+            assert_same_ssd(got, want)
+    warnings = [r for r in caplog.records if "vLLM's own step tables" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError" in warnings[0].getMessage()
+    stats = ours.chunkmeta_stats()
+    assert stats["fallbacks"] == 2 and stats["served"] == {}
+    assert stats["fallback_causes"] == {"RuntimeError: triton compile failed for bfloatN": 2}
+
+
 def test_a_wrong_table_is_caught(configs):
     stock, ours = pair(
         mamba2_attn.Mamba2AttentionMetadataBuilder, configs["mamba"], kind=MambaAttentionBackendEnum.MAMBA2
@@ -373,3 +418,54 @@ def test_router_patches_a_module_imported_later(monkeypatch):
     rtr.ensure_installed()
     module = importlib.import_module(name)
     assert module.prepare_chunk_indices.__func__ is type(rtr)._chunk_indices
+
+
+def wrapper_bindings(rtr, modules):
+    wrappers = {"prepare_chunk_indices": rtr._chunk_indices, "prepare_chunk_offsets": rtr._chunk_offsets}
+    return [(m.__name__, name) for m in modules for name, w in wrappers.items() if getattr(m, name, None) == w]
+
+
+def test_uninstall_restores_the_router(configs, monkeypatch):
+    """uninstall() gives every routed module vLLM's helpers back and disarms the router's import
+    hooks; a builder made before keeps building its step (its ops' calls fall through to vLLM's
+    helpers), and answers again once an install() and a new builder bring the router back; its
+    end then leaves that install alone."""
+    import gc
+    import sys
+
+    from chunkmeta.integrations.plugin import ImportHook
+
+    modules = loaded_routed_modules()
+    stock, ours = pair(gdn_attn.GDNAttentionMetadataBuilder, configs["gdn"])
+    rtr = routing.router()
+    index = importlib.import_module(INDEX)
+    originals = dict(rtr._originals)
+    bound = wrapper_bindings(rtr, modules)
+    assert len(bound) >= 10
+    adapter.uninstall()
+    assert wrapper_bindings(rtr, modules) == [] and rtr.patched() == ()
+    for module_name, name in bound:
+        assert getattr(sys.modules[module_name], name) is originals[name], (module_name, name)
+    assert not [f for f in sys.meta_path if isinstance(f, ImportHook)]
+
+    case = BATCHES["decode_first"]
+    got, want = build(ours, case), build(stock, case)
+    assert_same_fla(got, want)  # the FLA hook is the builder's own; conv is vLLM's again (stand-in gone)
+    assert_same_conv(got, want)
+    hits = rtr.hits
+    batch = got.non_spec_query_start_loc
+    assert_equal(index.prepare_chunk_indices(batch, 64), originals["prepare_chunk_indices"](batch.clone(), 64), "fall")
+    assert rtr.hits == hits
+
+    adapter.install()
+    _, newer = pair(gdn_attn.GDNAttentionMetadataBuilder, configs["gdn"])
+    assert wrapper_bindings(rtr, modules) == bound
+    md = build(ours, case)
+    index.prepare_chunk_indices(md.non_spec_query_start_loc, 64)
+    assert rtr.hits == hits + 1  # the earlier builder's routes answer again
+    del ours, md
+    gc.collect()
+    assert wrapper_bindings(rtr, modules) == bound  # its finalizer left the new install alone
+    md = build(newer, case)
+    index.prepare_chunk_indices(md.non_spec_query_start_loc, 64)
+    assert rtr.hits == hits + 2

@@ -369,6 +369,13 @@ class ChunkMetadataBuilder:
         kernel then finds NT itself)."""
         if not (shape.seqs_out or shape.rows_out):
             return False  # entry 0 of cu_seqlens / chunk_offsets is always 0
+        try:
+            return self._fill_slot(query_start_loc, slot, tables, first_seq, num_seqs, shape, padded)
+        except BaseException:
+            self.ring.spoil(slot)  # it may have written part of the slot (a torch fill stopped midway)
+            raise
+
+    def _fill_slot(self, query_start_loc, slot, tables, first_seq, num_seqs, shape, padded) -> bool:
         cu, indices, offsets = tables
         if self.backend == "torch":
             fill_torch(query_start_loc, cu, indices, offsets, first_seq, num_seqs, self.chunk_size, shape)

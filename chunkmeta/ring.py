@@ -27,6 +27,7 @@ from chunkmeta.plan import Capacity
 from chunkmeta.results import PAIRS, ROW
 
 VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
+_SPOILED = -1  # a slot's generation after a failed fill (no build has it)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -62,11 +63,22 @@ class SlotLedger:
     def retire(self, generation: int) -> None:
         self._retired_through = max(self._retired_through, generation)
 
+    def spoil(self, slot: int) -> None:
+        """A build's fill failed after it may have written part of ``slot``: the tables published
+        there are no longer what they were, so their object stops being live (a live object is
+        never overwritten). The slot holds nothing until a build publishes into it again."""
+        self._slot_generation[slot] = _SPOILED
+
     def retired_message(self, slot: int, generation: int) -> str:
         if generation <= self._retired_through:
             return (
                 f"the metadata of build {generation} is retired: its step ended (the service's strict "
                 "mode). Use the open step's metadata (service.current)."
+            )
+        if self._slot_generation[slot] == _SPOILED:
+            return (
+                f"the metadata of build {generation} is retired: a later build's fill failed while writing "
+                f"its ring slot {slot}. Use the current step's metadata."
             )
         return (
             f"the metadata of build {generation} is retired: its ring slot {slot} was rebuilt by build "

@@ -425,6 +425,13 @@ class StepTablesBuilder:
     # -- launch, results -------------------------------------------------------------------------
 
     def _launch(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
+        try:
+            self._fill_slot(query_start_loc, computed, checkpoints, slot, facts, rows, padded)
+        except BaseException:
+            self.ring.spoil(slot)  # it may have written part of the slot (a torch fill stopped midway)
+            raise
+
+    def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
         if self.backend == "torch":
             for entry, offsets, num_rows in zip(self.layout.entries, self._entry_regions, rows, strict=True):
                 first, n = (facts.first_seq, facts.num_seqs) if entry.slice == 0 else (0, facts.batch_seqs)

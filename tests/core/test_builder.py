@@ -192,6 +192,38 @@ def test_auto_backend_on_cpu_is_torch():
     assert builder.backend == "torch"
 
 
+def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
+    """A live object is never overwritten: a torch fill that raises partway through leaves the
+    slot's earlier metadata dead, the other slot's live, and the builder working."""
+    from chunkmeta import builder as builder_module
+
+    b = ChunkMetadataBuilder(4, 256, chunk_size=64, device="cpu", backend="torch", ring_depth=2)
+    q = torch.tensor([0, 3, 200], dtype=torch.int32)
+    first, second = b.build(q, q), b.build(q, q)
+    fill = builder_module.fill_torch
+
+    def fails(query_start_loc, cu, *args):
+        cu[1:].fill_(-7)  # part of the slot written (entry 0 is never written), then the failure
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(builder_module, "fill_torch", fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        b.build(q, q)  # the slot of `first`
+    assert not first.is_live and second.is_live
+    with pytest.raises(ChunkMetaError, match="fill failed"):
+        first.check_live()
+    monkeypatch.setattr(builder_module, "fill_torch", fill)
+    third = b.build(q, q)
+    assert third.is_live and second.is_live
+    assert third.cu_seqlens.tolist() == [0, 3, 200] and third.chunk_indices.tolist() == [
+        [0, 0],
+        [1, 0],
+        [1, 1],
+        [1, 2],
+        [1, 3],
+    ]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ring_keeps_values_for_depth_minus_one_builds(backend):
     depth = 3

@@ -235,6 +235,36 @@ def test_ring_retires_old_steps():
     assert not third.is_live and not second.is_live
 
 
+def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
+    """A live object is never overwritten: a fill that raises after writing part of its slot (the
+    torch fill stopped after its first entry) leaves that slot's earlier tables dead, the other
+    slots' live, and the builder working."""
+    from chunkmeta import step_builder
+
+    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", ring_depth=2)
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    first, second = builder.build(q, q), builder.build(q, q)
+    fill = step_builder.fill_entry_torch
+    calls = []
+
+    def fails_on_the_second_entry(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        fill(*args)
+
+    monkeypatch.setattr(step_builder, "fill_entry_torch", fails_on_the_second_entry)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        builder.build(q, q)  # the slot of `first`
+    assert not first.is_live and not first.fla.is_live and second.is_live
+    with pytest.raises(ChunkMetaError, match="fill failed"):
+        first.check_live()
+    monkeypatch.setattr(step_builder, "fill_entry_torch", fill)
+    third = builder.build(q, q)
+    assert third.is_live and second.is_live
+    assert_step_tables(third, builder, q.tolist(), 0, 2)
+
+
 def test_counts_match_the_reference_counts():
     """The host counts that size the tables agree with the reference on a larger random batch."""
     rng = np.random.default_rng(0)

@@ -29,6 +29,9 @@ import tempfile
 import results as runs
 import torch
 
+# the real-vLLM tests' runner batches and tiny model configs (tests/integrations/vllm)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integrations", "vllm"))
+
 from chunkmeta.timing import host_us, median
 
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (8, 8, 8192), (32, 32, 16384), (64, 64, 32768)]
@@ -50,35 +53,22 @@ def configs(
     the GDN prefill backend's inputs from them). ``prefix_caching=False``: vLLM's
     ``--no-enable-prefix-caching``, whose Mamba cache mode is "none" (one state block per request)
     instead of the hybrid models' "align"."""
-    from transformers import Mamba2Config, Qwen3NextConfig
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, VllmConfig
+
+    from vllm_real_batches import model_config, scheduler_config, tiny_mamba2, tiny_qwen3_next
 
     def model(config, name):
-        path = os.path.join(root, name)
-        config.save_pretrained(path)
-        return ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=32768)
+        return model_config(config, os.path.join(root, name), max_model_len=32768)
 
-    qwen = Qwen3NextConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2,
-        linear_num_value_heads=4, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
-    mamba = Mamba2Config(
-        hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1, vocab_size=128,
-        chunk_size=MAMBA_CHUNK, expand=2,
-    )  # fmt: skip
+    qwen = tiny_qwen3_next(linear_head_dim=128)
+    mamba = tiny_mamba2(MAMBA_CHUNK)
 
     def scheduler():
-        return SchedulerConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_tokens,
-            max_model_len=32768,
-            is_encoder_decoder=False,
-        )
+        return scheduler_config(max_num_seqs, max_num_tokens, max_model_len=32768)
 
-    def config(model_config):
+    def config(model):
         cache = CacheConfig(enable_prefix_caching=prefix_caching)
-        return VllmConfig(model_config=model_config, scheduler_config=scheduler(), cache_config=cache)
+        return VllmConfig(model_config=model, scheduler_config=scheduler(), cache_config=cache)
 
     return {"gdn": config(model(qwen, "qwen3_next")), "mamba": config(model(mamba, "mamba2"))}
 
@@ -121,7 +111,6 @@ def builders(cfg: dict, device) -> dict:
 
 
 def batch(decodes: int, prefills: int, tokens: int, device):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integrations", "vllm"))
     from vllm_real_batches import common_metadata
 
     per = (tokens - decodes) // prefills

@@ -32,19 +32,11 @@ CASE = ([1] * 7 + [700, 1500, 389], [30] * 7 + [0, 100, 0], None)
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    from transformers import Qwen3NextConfig
-    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import VllmConfig
 
     path = str(tmp_path_factory.mktemp("qwen3_next"))
-    Qwen3NextConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2,
-        linear_num_value_heads=4, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-    ).save_pretrained(path)  # fmt: skip
-    model = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096)
-    scheduler = SchedulerConfig(
-        max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=4096, is_encoder_decoder=False
-    )
+    model = vllm_real_batches.model_config(vllm_real_batches.tiny_qwen3_next(linear_head_dim=128), path)
+    scheduler = vllm_real_batches.scheduler_config(64, 8192)
     return VllmConfig(model_config=model, scheduler_config=scheduler)
 
 

@@ -55,48 +55,20 @@ BATCHES = {
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory):
     """Real VllmConfigs: a tiny Qwen3-Next model (offline), without and with ngram spec decode."""
-    from transformers import Qwen3NextConfig
-    from vllm.config import ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.config import VllmConfig
 
-    model_dir = str(tmp_path_factory.mktemp("qwen3_next"))
-    Qwen3NextConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        moe_intermediate_size=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-    ).save_pretrained(model_dir)
-    model = ModelConfig(
-        model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096, seed=0
+    model = vllm_real_batches.model_config(
+        vllm_real_batches.tiny_qwen3_next(), str(tmp_path_factory.mktemp("qwen3_next")), seed=0
     )
-
-    def scheduler():
-        return SchedulerConfig(
-            max_num_seqs=MAX_NUM_SEQS,
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-            max_model_len=4096,
-            is_encoder_decoder=False,
-        )
-
-    speculative = SpeculativeConfig(
-        method="ngram",
-        num_speculative_tokens=2,
-        prompt_lookup_max=3,
-        prompt_lookup_min=1,
-        target_model_config=model,
-        target_parallel_config=ParallelConfig(),
-    )
+    speculative = vllm_real_batches.ngram_speculative(model)
+    scheduler = vllm_real_batches.scheduler_config
     return {
-        False: VllmConfig(model_config=model, scheduler_config=scheduler()),
-        True: VllmConfig(model_config=model, scheduler_config=scheduler(), speculative_config=speculative),
+        False: VllmConfig(model_config=model, scheduler_config=scheduler(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)),
+        True: VllmConfig(
+            model_config=model,
+            scheduler_config=scheduler(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS),
+            speculative_config=speculative,
+        ),
     }
 
 

@@ -55,58 +55,18 @@ def spec_for(kind):
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory):
-    from transformers import Mamba2Config, Qwen3NextConfig
-    from vllm.config import ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.config import VllmConfig
 
     def model(config, name):
-        path = str(tmp_path_factory.mktemp(name))
-        config.save_pretrained(path)
-        return ModelConfig(
-            model=path, tokenizer=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096, seed=0
-        )
+        return vllm_real_batches.model_config(config, str(tmp_path_factory.mktemp(name)), seed=0)
 
-    qwen = model(
-        Qwen3NextConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=128,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            moe_intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-        ),
-        "qwen3_next",
-    )
-    mamba = model(
-        Mamba2Config(
-            hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1,
-            vocab_size=128, chunk_size=MAMBA_CHUNK, expand=2,
-        ),
-        "mamba2",
-    )  # fmt: skip
+    qwen = model(vllm_real_batches.tiny_qwen3_next(), "qwen3_next")
+    mamba = model(vllm_real_batches.tiny_mamba2(MAMBA_CHUNK), "mamba2")
 
     def scheduler():
-        return SchedulerConfig(
-            max_num_seqs=MAX_NUM_SEQS,
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-            max_model_len=4096,
-            is_encoder_decoder=False,
-        )
+        return vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
 
-    speculative = SpeculativeConfig(
-        method="ngram",
-        num_speculative_tokens=2,
-        prompt_lookup_max=3,
-        prompt_lookup_min=1,
-        target_model_config=qwen,
-        target_parallel_config=ParallelConfig(),
-    )
+    speculative = vllm_real_batches.ngram_speculative(qwen)
     return {
         "gdn": VllmConfig(model_config=qwen, scheduler_config=scheduler()),
         "gdn_spec": VllmConfig(model_config=qwen, scheduler_config=scheduler(), speculative_config=speculative),

@@ -1,5 +1,6 @@
 """Runner-shaped batches for the real-vLLM tests: CommonAttentionMetadata as vLLM's runner makes
-it (rows decode-first, padding rows zero-length at the end) and a builder's build() on one."""
+it (rows decode-first, padding rows zero-length at the end) and a builder's build() on one; and
+the tiny offline model configs the tests and bench/vllm_builders.py build vLLM's configs from."""
 
 import numpy as np
 import torch
@@ -97,4 +98,65 @@ def build(builder, case, device):
         m,
         num_accepted_tokens=torch.ones(len(query_lens), dtype=torch.int32, device=device),
         num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32),
+    )
+
+
+# -- tiny models (offline: a config saved to a directory, no weights) ---------------------------
+
+
+def tiny_qwen3_next(linear_head_dim: int = 16):
+    """A Qwen3-Next (GDN) model config; the builders read none of its sizes, the layers' ops do
+    (the GPU test and the benchmarks use the real 128-wide linear heads)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, linear_key_head_dim=linear_head_dim, linear_value_head_dim=linear_head_dim,
+        linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+
+
+def tiny_mamba2(chunk_size: int):
+    """A Mamba2 model config with the SSD chunk size its builder reads."""
+    from transformers import Mamba2Config
+
+    return Mamba2Config(
+        hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1, vocab_size=128,
+        chunk_size=chunk_size, expand=2,
+    )  # fmt: skip
+
+
+def model_config(hf_config, path: str, max_model_len: int = 4096, **kwargs):
+    """vLLM's ModelConfig of ``hf_config``, saved to ``path`` first (no tokenizer: skipped)."""
+    from vllm.config import ModelConfig
+
+    hf_config.save_pretrained(path)
+    return ModelConfig(
+        model=path, tokenizer=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_model_len, **kwargs
+    )
+
+
+def scheduler_config(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int = 4096):
+    from vllm.config import SchedulerConfig
+
+    return SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+    )
+
+
+def ngram_speculative(model):
+    """Ngram spec decode of two tokens over ``model`` (no draft model to load)."""
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    return SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=2,
+        prompt_lookup_max=3,
+        prompt_lookup_min=1,
+        target_model_config=model,
+        target_parallel_config=ParallelConfig(),
     )

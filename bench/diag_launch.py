@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from chunkmeta import StepTablesBuilder, build_chunk_metadata
+from chunkmeta import StepTablesBuilder, build_chunk_metadata, plan
 from chunkmeta import builder as builder_module
 from chunkmeta import tables as T
 
@@ -75,9 +75,7 @@ def main():
         ),
         "one-shot: host cu_seqlens (torch.empty cpu)": per_call_us(lambda: torch.empty(n + 1, dtype=torch.int32)),
         "one-shot: oneshot_plan": per_call_us(
-            lambda: module.oneshot_plan(
-                *builder_module._plan.plain_host_tensor(prefill_cpu), 0, None, 6, cu_cpu.data_ptr(), n + 1
-            )
+            lambda: module.oneshot_plan(*plan.plain_host_tensor(prefill_cpu), 0, None, 6, cu_cpu.data_ptr(), n + 1)
         ),
         "torch.empty (cuda)": per_call_us(lambda: torch.empty(1000, dtype=torch.int64, device="cuda")),
         "empty Python call": per_call_us(lambda: None),

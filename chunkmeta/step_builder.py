@@ -78,7 +78,6 @@ class StepTablesBuilder:
         self.needs_computed = any(spec.needs_computed for spec in self.specs.values())
         self.needs_checkpoints = any(getattr(spec, "checkpoints", False) for spec in self.specs.values())
         self.needs_batch = any(spec.rows == "batch" for spec in self.specs.values())
-        self._needs_rows = self.needs_computed or self.needs_checkpoints
         self._dummy = torch.zeros(1, dtype=torch.int32, device=self.device)  # for unread pointer arguments
         self._fills: dict[bool, object] = {}
         self._device_index = self.device.index if self.device.type == "cuda" else -1
@@ -196,17 +195,13 @@ class StepTablesBuilder:
             if host is None or not self._device_tensor(qsl, host[1]):
                 return None
             self._last_inputs = (qsl_cpu, host, qsl)
-        if self._needs_rows:
-            num_requests = host[1] - 1
-            computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
-            checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
-            computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
-            checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
-            if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
-                return None
-        else:  # no table reads per-request rows (FLA and conv1d tables only)
-            computed_host = checkpoints_host = _NO_ROWS
-            computed_dev = checkpoints_dev = self._dummy
+        num_requests = host[1] - 1
+        computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
+        checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
+        computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
+        checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
+        if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
+            return None
         key = (padded, qsl.dtype, computed_dev.dtype, checkpoints_dev.dtype)
         steps = self._steps.get(key)
         if not steps:

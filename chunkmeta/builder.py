@@ -369,11 +369,8 @@ class ChunkMetadataBuilder:
         kernel then finds NT itself)."""
         if not (shape.seqs_out or shape.rows_out):
             return False  # entry 0 of cu_seqlens / chunk_offsets is always 0
-        try:
+        with self.ring.writing(slot):
             return self._fill_slot(query_start_loc, slot, tables, first_seq, num_seqs, shape, padded)
-        except BaseException:
-            self.ring.spoil(slot)  # it may have written part of the slot (a torch fill stopped midway)
-            raise
 
     def _fill_slot(self, query_start_loc, slot, tables, first_seq, num_seqs, shape, padded) -> bool:
         cu, indices, offsets = tables

@@ -21,6 +21,8 @@ and still queue work that reads it. ``retire(generation)`` retires every build u
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from chunkmeta.plan import Capacity
@@ -63,11 +65,17 @@ class SlotLedger:
     def retire(self, generation: int) -> None:
         self._retired_through = max(self._retired_through, generation)
 
-    def spoil(self, slot: int) -> None:
-        """A build's fill failed after it may have written part of ``slot``: the tables published
-        there are no longer what they were, so their object stops being live (a live object is
-        never overwritten). The slot holds nothing until a build publishes into it again."""
-        self._slot_generation[slot] = _SPOILED
+    @contextlib.contextmanager
+    def writing(self, slot: int):
+        """Around a fill of ``slot``: if it raises, it may have written part of the slot, so the
+        tables published there are no longer what they were and their object stops being live (a
+        live object is never overwritten). The slot then holds nothing until a build publishes
+        into it again."""
+        try:
+            yield
+        except BaseException:
+            self._slot_generation[slot] = _SPOILED
+            raise
 
     def retired_message(self, slot: int, generation: int) -> str:
         if generation <= self._retired_through:

@@ -420,11 +420,8 @@ class StepTablesBuilder:
     # -- launch, results -------------------------------------------------------------------------
 
     def _launch(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
-        try:
+        with self.ring.writing(slot):
             self._fill_slot(query_start_loc, computed, checkpoints, slot, facts, rows, padded)
-        except BaseException:
-            self.ring.spoil(slot)  # it may have written part of the slot (a torch fill stopped midway)
-            raise
 
     def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
         if self.backend == "torch":

@@ -1,7 +1,7 @@
 # Run the GPU stages on a CUDA machine.
-#   bash bench/run_gpu.sh tests benchmarks bench steptables steploop stress demo sweep diagnostics
+#   bash bench/run_gpu.sh tests benchmarks bench steptables steploop stress demo sweep diagnostics vllm
 #   (TESTS_K=expr: pytest -k for tests; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
-#   STRESS_STEPS, SWEEP_ARGS: see each stage)
+#   STRESS_STEPS, SWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
 # directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
 # logs.tar.gz (the logs, the benchmark JSON, the plot), since a lent GPU machine returns only a
@@ -70,6 +70,23 @@ for stage in "$@"; do
         python3 "bench/$script.py" --out "$WORK" 2>&1 | tee "$WORK/$script.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done ;;
+    vllm)  # vLLM 0.33.0's real builders and ops: an installed vLLM, or the carried .vllm_bundle
+      rc=0
+      (
+        if [ -f .vllm_bundle/setup_env.sh ]; then source .vllm_bundle/setup_env.sh || exit 3; fi
+        s=0
+        python3 -m pytest -m gpu -q -p no:cacheprovider tests/integrations/vllm/test_vllm_gpu.py 2>&1 \
+          | tee "$WORK/vllm_gpu_tests.log" | tail -30
+        [ "${PIPESTATUS[0]}" = 0 ] || s=1
+        python3 bench/results.py record gpu_tests "$WORK/vllm_gpu_tests.log" --out "$WORK" \
+          --command "bash bench/run_gpu.sh vllm (tests/integrations/vllm/test_vllm_gpu.py)" || s=1
+        python3 bench/vllm_builders.py --out "$WORK" --rounds "${ROUNDS:-20}" 2>&1 | tee "$WORK/vllm_builders.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || s=1
+        python3 bench/vllm_step_loop.py --out "$WORK" --steps "${STEPS:-20}" \
+          --budget-s "${VLLM_LOOP_BUDGET_S:-0}" 2>&1 | tee "$WORK/vllm_step_loop.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || s=1
+        exit $s
+      ) || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || status=1

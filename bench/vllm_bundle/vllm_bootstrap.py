@@ -1,16 +1,13 @@
 """Import this BEFORE any vllm module when running the .py-only vLLM bundle.
 
-The bundle carries vLLM 0.33.0's .py files only (no compiled extensions).
-On a CUDA host, vLLM's platform detection picks CudaPlatform, whose module
-does a hard ``import vllm._C_stable_libtorch`` (a .so built for torch 2.14);
-without it every vllm.v1 import fails.  This file registers an empty stand-in
-for the compiled extension module that is imported only to register
-custom ops, so CudaPlatform (and therefore PIN_MEMORY=True, is_cuda()) work.
-The per-step table builders are plain torch/python and never call those ops;
-any code that DOES call torch.ops._C* will fail with a normal AttributeError.
-
-Alternative with no patch at all: export VLLM_TARGET_DEVICE=cpu (selects
-CpuPlatform: imports fine, but PIN_MEMORY=False so H2D copies are unpinned).
+The bundle carries vLLM 0.33.0's .py files only (no compiled extensions). This file
+- selects vLLM's CPU platform unless VLLM_TARGET_DEVICE says otherwise, with pinned memory
+  reported as a CUDA host has it (see below why the CUDA platform cannot be used);
+- registers an empty stand-in for ``vllm._C_stable_libtorch``, the one compiled module that
+  ``vllm/platforms/cuda.py`` imports unconditionally (for VLLM_TARGET_DEVICE=cuda: the table
+  builders import then, the model modules do not);
+- makes vLLM's model-registry subprocess import this file first.
+Code that calls ``torch.ops._C*`` fails with a normal AttributeError.
 """
 
 import importlib.util
@@ -31,6 +28,22 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 bundle_stubs.install(_STUBS, owner="vllm_bootstrap")
 
 
+# vLLM's CUDA platform is not usable without the compiled package: model modules (Kimi-K3's,
+# through fused_moe) call torch.ops._C at import. So the bundle runs vLLM's CPU platform on the
+# GPU host: the table builders, the Triton ops and the model-class checks are the same code, and
+# tensors still live on the device the caller names. One difference would skew the stock path's
+# timings: the CPU platform says pinned memory is unavailable, so vLLM's host->device copies would
+# be pageable. On a CUDA host it is available, as vLLM's CUDA platform says.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+def _pinned_memory_as_on_cuda(module):
+    import torch
+
+    if torch.cuda.is_available():
+        module.CpuPlatform.is_pin_memory_available = classmethod(lambda cls: True)
+
+
 # vLLM inspects model classes in a subprocess (`python -m vllm.model_executor.models.registry`,
 # so that the parent never initializes CUDA). That process would start without this bootstrap and
 # fail on the missing compiled module, and ModelConfig then reports every architecture as
@@ -40,24 +53,40 @@ _REGISTRY = "vllm.model_executor.models.registry"
 _COMMAND = [sys.executable, "-c", f"import vllm_bootstrap; from {_REGISTRY} import _run; _run()"]
 
 
-class _RegistryCommand:
+def _registry_command(module):
+    module._SUBPROCESS_COMMAND = _COMMAND
+
+
+_AFTER_IMPORT = {_REGISTRY: _registry_command, "vllm.platforms.cpu": _pinned_memory_as_on_cuda}
+
+
+class _AfterImport:
+    """Runs a patch on a vLLM module right after it executes (before anyone reads it)."""
+
     def find_spec(self, name, path=None, target=None):
-        if name != _REGISTRY:
+        patch = _AFTER_IMPORT.get(name)
+        if patch is None or name in sys.modules:
             return None
-        sys.meta_path.remove(self)  # the registry loads once; the real finders find it
-        spec = importlib.util.find_spec(name)
+        self.busy = getattr(self, "busy", set())
+        if name in self.busy:  # the real finders, asked below, must not come back here
+            return None
+        self.busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy.discard(name)
         if spec is not None and spec.loader is not None:
             exec_module = spec.loader.exec_module
 
             def run(module):
                 exec_module(module)
-                module._SUBPROCESS_COMMAND = _COMMAND
+                patch(module)
 
             spec.loader.exec_module = run
         return spec
 
 
-if _REGISTRY in sys.modules:
-    sys.modules[_REGISTRY]._SUBPROCESS_COMMAND = _COMMAND
-else:
-    sys.meta_path.insert(0, _RegistryCommand())
+for _name, _patch in _AFTER_IMPORT.items():
+    if _name in sys.modules:
+        _patch(sys.modules[_name])
+sys.meta_path.insert(0, _AfterImport())

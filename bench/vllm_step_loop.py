@@ -64,8 +64,10 @@ runs eager (vLLM runs this part of the layer eager too: ``eager_break_during_cap
 path (``.venv-vllm`` has none: ``tests/integrations/vllm/test_vllm_step_loop_smoke.py`` lends it the
 repo's ``.venv`` one) and sets ``CUDA_VISIBLE_DEVICES=""`` (see ``fla_interp``). Kimi-Linear's
 gate (no ``gate_lower_bound``) takes KDA's token-parallel intra-chunk kernel, one interpreted
-program per token and head, hence the tiny steps. It shows that both paths run and agree; its times
-are the interpreter's, and there are no syncs to count on CPU.
+program per token and head, hence the tiny steps. Its conv is vLLM's CPU platform's torch version
+(the interpreter fails inside vLLM's Triton conv kernel), which reads no conv table: the GPU run
+takes the Triton one. It shows that both paths run and agree; its times are the interpreter's, and
+there are no syncs to count on CPU.
 """
 
 from __future__ import annotations
@@ -138,10 +140,14 @@ class Ops:
 
     def __init__(self, device):
         from vllm.model_executor.layers.mamba import mamba_utils
-        from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
         from vllm.models.kimi_k3.nvidia.ops.third_party.kda import chunk_kda_with_fused_gate
 
-        self.causal_conv1d_fn = causal_conv1d_fn
+        if device.type == "cuda":
+            self.causal_conv1d_fn = triton_causal_conv1d_fn()
+        else:  # --smoke: the CPU platform's torch version (the interpreter fails in vLLM's kernel)
+            from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+
+            self.causal_conv1d_fn = causal_conv1d_fn
         self.chunk_kda_with_fused_gate = chunk_kda_with_fused_gate
         self.conv_dim_first = mamba_utils.is_conv_state_dim_first()
         self.state_shapes = mamba_utils.MambaStateShapeCalculator.kda_state_shape
@@ -151,6 +157,30 @@ class Ops:
             self.gather_initial_states = gather_initial_states
         else:  # vLLM's asserts a CUDA / XPU state: the same gather in torch
             self.gather_initial_states = _gather_initial_states_cpu
+
+
+def triton_causal_conv1d_fn():
+    """vLLM's Triton ``causal_conv1d_fn``: what its CUDA platform runs, and the one that reads the
+    conv tables. vLLM's CPU platform (the carried bundle runs it on a GPU host) swaps in a torch
+    version that syncs on every call and reads none of them; there the module is executed once
+    more, apart from ``sys.modules``, with the platform saying it is not a CPU."""
+    import importlib
+
+    from vllm.platforms import current_platform
+
+    name = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
+    if not current_platform.is_cpu():
+        return importlib.import_module(name).causal_conv1d_fn
+    spec = importlib.util.find_spec(name)
+    module = importlib.util.module_from_spec(spec)
+    platform = type(current_platform)
+    is_cpu = platform.is_cpu
+    platform.is_cpu = lambda self: False  # only while the module picks its functions
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        platform.is_cpu = is_cpu
+    return module.causal_conv1d_fn
 
 
 def _gather_initial_states_cpu(state, indices, has_initial_state):

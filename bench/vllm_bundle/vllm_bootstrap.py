@@ -31,16 +31,23 @@ bundle_stubs.install(_STUBS, owner="vllm_bootstrap")
 # vLLM's CUDA platform is not usable without the compiled package: model modules (Kimi-K3's,
 # through fused_moe) call torch.ops._C at import. So the bundle runs vLLM's CPU platform on the
 # GPU host: the table builders, the Triton ops and the model-class checks are the same code, and
-# tensors still live on the device the caller names. One difference would skew the stock path's
-# timings: the CPU platform says pinned memory is unavailable, so vLLM's host->device copies would
-# be pageable. On a CUDA host it is available, as vLLM's CUDA platform says.
+# tensors still live on the device the caller names. One choice of the CPU platform would skew
+# the stock path's timings: it says pinned memory is unavailable, so vLLM's host->device copies
+# would be pageable; on a CUDA host it is available, as vLLM's CUDA platform says. (The CPU
+# platform also swaps causal_conv1d_fn for a torch version: bench/vllm_step_loop.py, its one user
+# here, takes the Triton one.)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-def _pinned_memory_as_on_cuda(module):
+def _on_cuda_host():
     import torch
 
-    if torch.cuda.is_available():
+    return torch.cuda.is_available()
+
+
+def _pinned_memory_as_on_cuda(exec_module, module):
+    exec_module(module)
+    if _on_cuda_host():
         module.CpuPlatform.is_pin_memory_available = classmethod(lambda cls: True)
 
 
@@ -53,23 +60,28 @@ _REGISTRY = "vllm.model_executor.models.registry"
 _COMMAND = [sys.executable, "-c", f"import vllm_bootstrap; from {_REGISTRY} import _run; _run()"]
 
 
-def _registry_command(module):
+def _registry_command(exec_module, module):
+    exec_module(module)
     module._SUBPROCESS_COMMAND = _COMMAND
 
 
-_AFTER_IMPORT = {_REGISTRY: _registry_command, "vllm.platforms.cpu": _pinned_memory_as_on_cuda}
+# module -> how it executes: wrap(exec_module, module)
+_ON_IMPORT = {
+    _REGISTRY: _registry_command,
+    "vllm.platforms.cpu": _pinned_memory_as_on_cuda,
+}
 
 
-class _AfterImport:
-    """Runs a patch on a vLLM module right after it executes (before anyone reads it)."""
+class _OnImport:
+    """Runs a vLLM module's execution through its wrapper in _ON_IMPORT."""
+
+    def __init__(self):
+        self.busy = set()
 
     def find_spec(self, name, path=None, target=None):
-        patch = _AFTER_IMPORT.get(name)
-        if patch is None or name in sys.modules:
-            return None
-        self.busy = getattr(self, "busy", set())
-        if name in self.busy:  # the real finders, asked below, must not come back here
-            return None
+        wrap = _ON_IMPORT.get(name)
+        if wrap is None or name in sys.modules or name in self.busy:
+            return None  # busy: the real finders, asked below, must not come back here
         self.busy.add(name)
         try:
             spec = importlib.util.find_spec(name)
@@ -77,16 +89,11 @@ class _AfterImport:
             self.busy.discard(name)
         if spec is not None and spec.loader is not None:
             exec_module = spec.loader.exec_module
-
-            def run(module):
-                exec_module(module)
-                patch(module)
-
-            spec.loader.exec_module = run
+            spec.loader.exec_module = lambda module: wrap(exec_module, module)
         return spec
 
 
-for _name, _patch in _AFTER_IMPORT.items():
-    if _name in sys.modules:
-        _patch(sys.modules[_name])
-sys.meta_path.insert(0, _AfterImport())
+_late = [name for name in _ON_IMPORT if name in sys.modules]
+if _late:
+    raise ImportError(f"vllm_bootstrap must be imported before {', '.join(_late)}")
+sys.meta_path.insert(0, _OnImport())

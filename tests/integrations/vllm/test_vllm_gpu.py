@@ -92,7 +92,9 @@ def test_kimi_linear_kda_forward_is_bit_identical_without_sync(config, builder_n
     ours = adapter.chunkmeta_builder_class(stock_cls)(spec(), ["layer"], config, DEVICE)
 
     want_md = vllm_real_batches.build(stock, CASE, DEVICE)
-    inputs = kda_inputs(int(want_md.non_spec_query_start_loc[-1]), want_md.non_spec_query_start_loc.shape[0] - 1)
+    # the op writes into its v (vLLM's vendored KDA): each call gets its own copy of the inputs
+    num_tokens, num_seqs = int(want_md.non_spec_query_start_loc[-1]), want_md.non_spec_query_start_loc.shape[0] - 1
+    inputs, ours_inputs = kda_inputs(num_tokens, num_seqs), kda_inputs(num_tokens, num_seqs)
     want = chunk_kda_with_fused_gate(**inputs, cu_seqlens=want_md.non_spec_query_start_loc)  # vLLM's own path
     torch.cuda.synchronize()
 
@@ -101,7 +103,7 @@ def test_kimi_linear_kda_forward_is_bit_identical_without_sync(config, builder_n
     torch.cuda.set_sync_debug_mode("error")
     try:
         got_md = ours.build(0, m)
-        got = chunk_kda_with_fused_gate(**inputs, cu_seqlens=got_md.non_spec_query_start_loc)
+        got = chunk_kda_with_fused_gate(**ours_inputs, cu_seqlens=got_md.non_spec_query_start_loc)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

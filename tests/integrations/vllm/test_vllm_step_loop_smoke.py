@@ -1,7 +1,8 @@
 """``bench/vllm_step_loop.py --smoke`` on the real vLLM 0.33.0, CPU (`make test-vllm`; ~35 s).
 
 One 16-token step of 3 decodes and a prefill through one Kimi-Linear KDA layer on vLLM's own
-``causal_conv1d_fn`` and vendored ``chunk_kda_with_fused_gate`` under Triton's interpreter: vLLM's
+``causal_conv1d_fn`` (its CPU platform's torch version) and vendored ``chunk_kda_with_fused_gate``
+under Triton's interpreter: vLLM's
 metadata path and chunkmeta's both run, chunkmeta's tables reach the KDA op through the router, and
 the outputs and states are bit-identical. Run as its own process: the smoke mode sets
 ``CUDA_VISIBLE_DEVICES=""`` and ``TRITON_INTERPRET=1`` before vLLM and triton are imported.

@@ -927,6 +927,39 @@ def _render_vllm_step_loop(records: list[dict]) -> list[str]:
     return out + _table(["record", "commit", "speed-up", "outputs bit-identical", "note"], rows)
 
 
+def _render_vllm_builders(records: list[dict]) -> list[str]:
+    latest = _latest(records, "vllm_builders")
+    if latest is None:
+        return []
+    f = latest["figures"]
+    out = [
+        "## vLLM's metadata builders",
+        "",
+        "Host µs of one `build()` of vLLM 0.33.0's real builders on prefill steps (median), stock against "
+        f"chunkmeta's builder of the same class, on {f['device']}. `build()` is all of vLLM's per-step "
+        "metadata work for the group, the tables chunkmeta replaces and the rest it leaves to vLLM "
+        "(bench/vllm_builders.py says what each builder is).",
+        "",
+    ] + _about(latest)
+    rows = []
+    for row in f["rows"]:
+        if "stock_us" not in row:
+            rows.append([row["builder"], "not measured: " + row.get("skipped", ""), "—", "—", "—", "—"])
+            continue
+        rows.append(
+            [
+                row["builder"],
+                f"{row['decodes']} + {row['prefills']} / {row['tokens']}",
+                f"{row['stock_us']:.1f}",
+                f"{row['chunkmeta_us']:.1f}",
+                f"{row['ratio']:.1f}x",
+                row["fallbacks"],
+            ]
+        )
+    heads = ["builder", "decodes + prefills / tokens", "stock µs", "chunkmeta µs", "stock / chunkmeta", "fallbacks"]
+    return out + _table(heads, rows)
+
+
 def _render_sglang_mamba2(records: list[dict]) -> list[str]:
     latest = _latest(records, "sglang_mamba2")
     if latest is None:
@@ -1141,6 +1174,7 @@ def render(records: list[dict]) -> str:
         _render_step_tables,
         _render_step_loop,
         _render_vllm_step_loop,
+        _render_vllm_builders,
         _render_sglang_mamba2,
         _render_stress,
         _render_pytest_benchmark,

@@ -786,7 +786,12 @@ def _render_step_tables(records: list[dict]) -> list[str]:
         + "device µs per call where the method does not sync; methods "
         f"interleaved round by round, {f['rounds']} rounds (bench/step_tables.py says what each method is). "
         + (
-            "vLLM's own functions were measured."
+            "vLLM's own functions were measured"
+            + (
+                f"; its KDA-GDN step is {' + '.join(f'`{p}`' for p in f['kda_gdn_step_parts'])}."
+                if "kda_gdn_step_parts" in f
+                else "; its KDA-GDN step is `vllm_gdn_fla` + `vllm_conv1d_batch` (no FLA batch table)."
+            )
             if f["engine_functions"]
             else f"vLLM's own functions were not measured: {str(f['engine_error']).splitlines()[0][:120]}."
         ),

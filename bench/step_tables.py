@@ -19,13 +19,20 @@ The engines' own functions, called from their packages where they import:
 
 * ``fla_host``      FLA's helpers on the host copy, then the copy to the device;
 * ``vllm_gdn_fla``  vLLM's ``GDNAttentionMetadataBuilder._build_chunk_metadata`` (triton prefill backend);
+* ``vllm_fla_batch``  vLLM's vendored ``prepare_chunk_indices`` + ``prepare_chunk_offsets``
+                    (``vllm/third_party/flash_linear_attention/ops/index.py``) on the whole batch's
+                    ``query_start_loc``: what Kimi-Linear's first KDA layer derives, as its layers
+                    pass ``cu_seqlens=non_spec_query_start_loc`` and no tables (a ``.tolist()``
+                    sync; a fresh tensor per call, as every step has, past the identity cache);
 * ``vllm_conv1d``   vLLM's ``compute_causal_conv1d_metadata`` on the rows the conv kernel gets;
 * ``vllm_mamba2``   vLLM's ``_compute_chunk_metadata`` and the three ``async_tensor_h2d`` of
                     ``_build_chunk_metadata_tensors``;
 * ``rocm_style`` / ``floor``  the one-shot's comparisons (``bench/anchors.py``).
 
 Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``vllm_gdn_fla`` +
-``vllm_conv1d`` of the batch rows; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
+``vllm_fla_batch`` + ``vllm_conv1d`` of the batch rows: the three tables ``chunkmeta_kda_gdn``
+builds, the record's ``kda_gdn_step_parts``; records before it summed the first and the last
+only; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
 prefill rows); the ratios printed are engine / chunkmeta host time, idle and cold. Writes its record
 (``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
 """
@@ -51,6 +58,8 @@ from chunkmeta.workloads import split_tokens
 # (decodes, prefills, prefill tokens): the seed's 4096-token chunks at 8-64 requests, and larger
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512, 512, 65536), (0, 1024, 65536)]
 MAMBA_CHUNK = 256
+# vLLM's functions for the tables chunkmeta_kda_gdn builds: FLA prefill, FLA batch, conv1d
+KDA_GDN_STEP_PARTS = ("vllm_gdn_fla", "vllm_fla_batch", "vllm_conv1d_batch")
 
 
 def engine_methods():
@@ -64,6 +73,7 @@ def engine_methods():
             import vllm_bootstrap  # noqa: F401
         from types import SimpleNamespace
 
+        from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
         from vllm.utils.torch_utils import async_tensor_h2d
         from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
         from vllm.v1.attention.backends.mamba_attn import BaseMambaAttentionMetadataBuilder
@@ -75,6 +85,9 @@ def engine_methods():
 
     def gdn_fla(qsl, qsl_cpu):
         return GDNAttentionMetadataBuilder._build_chunk_metadata(gdn_self, qsl, qsl_cpu, torch.device("cuda"))
+
+    def fla_batch(qsl):
+        return prepare_chunk_indices(qsl, 64), prepare_chunk_offsets(qsl, 64)
 
     def conv1d(qsl_cpu):
         return compute_causal_conv1d_metadata(qsl_cpu, device=torch.device("cuda"))
@@ -90,7 +103,7 @@ def engine_methods():
             async_tensor_h2d(last, dtype=torch.int32, device=device),
         )
 
-    return {"gdn_fla": gdn_fla, "conv1d": conv1d, "mamba2": mamba2}, None
+    return {"gdn_fla": gdn_fla, "fla_batch": fla_batch, "conv1d": conv1d, "mamba2": mamba2}, None
 
 
 def make_case(decodes, prefills, tokens, seed):
@@ -174,6 +187,7 @@ def main(argv: list[str]) -> int:
         if engine:
             computed_p = computed_cpu[decodes:].contiguous()
             methods["vllm_gdn_fla"] = lambda: engine["gdn_fla"](prefill.detach(), prefill_cpu)
+            methods["vllm_fla_batch"] = lambda: engine["fla_batch"](qsl.detach())
             methods["vllm_conv1d_batch"] = lambda: engine["conv1d"](qsl_cpu)
             methods["vllm_conv1d_prefill"] = lambda: engine["conv1d"](prefill_cpu)
             methods["vllm_mamba2"] = lambda: engine["mamba2"](prefills, computed_p, prefill_cpu)
@@ -198,7 +212,7 @@ def main(argv: list[str]) -> int:
         if engine:
             for state in ("idle", "cold"):
                 key = f"host_{state}_us"
-                kda_step = figures["vllm_gdn_fla"][key] + figures["vllm_conv1d_batch"][key]
+                kda_step = sum(figures[part][key] for part in KDA_GDN_STEP_PARTS)
                 ssd_step = figures["vllm_mamba2"][key] + figures["vllm_conv1d_prefill"][key]
                 suffix = "" if state == "idle" else "_cold"
                 row[f"vllm_kda_gdn_step{suffix}_us"] = kda_step
@@ -225,6 +239,7 @@ def main(argv: list[str]) -> int:
         "calls": args.calls,
         "engine_functions": engine is not None,
         "engine_error": engine_error,
+        "kda_gdn_step_parts": list(KDA_GDN_STEP_PARTS),
     }
     figures["rows"] = rows
     runs.save("step_tables", figures, script="bench/step_tables.py", argv=argv, out=args.out)

@@ -44,5 +44,6 @@ def fake_triton_driver():
 def fake_cuda():
     fake_triton_driver()
     torch.cuda.is_available = lambda: True
+    torch.cuda.chunkmeta_simulated = True  # what a bootstrap asks before it relies on a real device
     torch.cuda.current_device = lambda: 0
     torch.version.cuda = torch.version.cuda or "13.0"

@@ -42,7 +42,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 def _on_cuda_host():
     import torch
 
-    return torch.cuda.is_available()
+    # a CPU rehearsal's simulated GPU (bench/bundle/sim_cuda.py) has no memory to pin
+    return torch.cuda.is_available() and not getattr(torch.cuda, "chunkmeta_simulated", False)
 
 
 def _pinned_memory_as_on_cuda(exec_module, module):

@@ -810,13 +810,20 @@ def _render_step_tables(records: list[dict]) -> list[str]:
         load = f"{row['decodes']} + {row['prefills']} x {row['tokens']}"
         ratios = [
             f"{row[key]:.1f}x" + (f" / {row[key + '_cold']:.1f}x" if key + "_cold" in row else "")
-            for key in ("ratio_kda_gdn", "ratio_mamba2")
+            for key in ("ratio_kda_gdn", "ratio_kda_gdn_vllm", "ratio_mamba2")
             if key in row
         ]
         rows.append([load, *cells, *ratios, "yes" if row["exact"] else "NO"])
-    ratio_heads = (
-        ["vLLM / chunkmeta KDA-GDN step", "vLLM / chunkmeta Mamba2 step"] if "ratio_kda_gdn" in f["rows"][0] else []
-    )
+    first = f["rows"][0]
+    ratio_heads = [
+        head
+        for key, head in (
+            ("ratio_kda_gdn", "vLLM / chunkmeta KDA-GDN step"),
+            ("ratio_kda_gdn_vllm", "vLLM / chunkmeta KDA-GDN step as the vLLM adapter builds it"),
+            ("ratio_mamba2", "vLLM / chunkmeta Mamba2 step"),
+        )
+        if key in first
+    ]
     return out + _table(["decodes + prefills x tokens", *methods, *ratio_heads, "exact"], rows)
 
 

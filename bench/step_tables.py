@@ -11,7 +11,10 @@ device µs per call (``chunkmeta.timing.device_us_per_call``) for the methods th
 chunkmeta (one ``StepTablesBuilder.build``, one launch each):
 
 * ``chunkmeta_kda_gdn``  FLA tables of the prefill slice and of the whole batch + conv1d blocks
-                         (what a Kimi-Linear / Qwen3-Next step's layers read);
+                         (what a Kimi-Linear / Qwen3-Next step's layers read), with fresh
+                         ``cu_seqlens`` objects for FLA's kernels;
+* ``chunkmeta_kda_gdn_vllm``  the same tables as the vLLM adapter asks for them: no fresh
+                         ``cu_seqlens`` (vLLM's layers get vLLM's own; ``tables.Fla``);
 * ``chunkmeta_mamba2``   vLLM's Mamba2 SSD chunks + conv1d blocks of the prefill rows;
 * ``chunkmeta_oneshot``  ``build_chunk_metadata`` (fresh tensors, the FLA prefill tables).
 
@@ -33,7 +36,8 @@ Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``vllm_g
 ``vllm_fla_batch`` + ``vllm_conv1d`` of the batch rows: the three tables ``chunkmeta_kda_gdn``
 builds, the record's ``kda_gdn_step_parts``; records before it summed the first and the last
 only; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
-prefill rows); the ratios printed are engine / chunkmeta host time, idle and cold. Writes its record
+prefill rows); the ratios printed are engine / chunkmeta host time, idle and cold (the KDA-GDN
+step against both chunkmeta KDA-GDN builds). Writes its record
 (``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
 """
 
@@ -60,6 +64,15 @@ WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512,
 MAMBA_CHUNK = 256
 # vLLM's functions for the tables chunkmeta_kda_gdn builds: FLA prefill, FLA batch, conv1d
 KDA_GDN_STEP_PARTS = ("vllm_gdn_fla", "vllm_fla_batch", "vllm_conv1d_batch")
+# the methods that do not sync: their device time is measured too
+DEVICE_TIMED = (
+    "chunkmeta_kda_gdn",
+    "chunkmeta_kda_gdn_vllm",
+    "chunkmeta_mamba2",
+    "chunkmeta_oneshot",
+    "rocm_style",
+    "floor",
+)
 
 
 def engine_methods():
@@ -161,6 +174,16 @@ def main(argv: list[str]) -> int:
         tables={"fla": T.Fla(64), "fla_batch": T.Fla(64, rows="batch"), "conv": T.Conv()},
         device="cuda",
     )
+    kda_gdn_vllm = StepTablesBuilder(
+        max_seqs,
+        max_tokens,
+        tables={
+            "fla": T.Fla(64, fresh_cu_seqlens=False),
+            "fla_batch": T.Fla(64, rows="batch", fresh_cu_seqlens=False),
+            "conv": T.Conv(),
+        },
+        device="cuda",
+    )
     mamba2 = StepTablesBuilder(
         max_seqs,
         max_tokens,
@@ -176,6 +199,7 @@ def main(argv: list[str]) -> int:
         fla_host, rocm_style, floor = anchors.fla_host(64), anchors.rocm_style(64), anchors.floor(64)
         methods = {
             "chunkmeta_kda_gdn": lambda: kda_gdn.build(qsl, qsl_cpu, first_seq=decodes),
+            "chunkmeta_kda_gdn_vllm": lambda: kda_gdn_vllm.build(qsl, qsl_cpu, first_seq=decodes),
             "chunkmeta_mamba2": lambda: mamba2.build(
                 qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
             ),
@@ -198,6 +222,11 @@ def main(argv: list[str]) -> int:
         step = kda_gdn.build(qsl, qsl_cpu, first_seq=decodes)
         ref_conv = reference.causal_conv1d_metadata(qsl_cpu.tolist())
         exact = step.conv.batch_ptr.cpu().tolist() == ref_conv.batch_ptr
+        ref_fla = reference.chunk_metadata(prefill_cpu.tolist(), 64)
+        step_vllm = kda_gdn_vllm.build(qsl, qsl_cpu, first_seq=decodes)
+        for tables in (step, step_vllm):
+            exact &= tables.fla.chunk_indices.cpu().tolist() == [list(r) for r in ref_fla.chunk_indices]
+        exact &= torch.equal(step_vllm.fla_batch.chunk_offsets, step.fla_batch.chunk_offsets)
         ssd = mamba2.build(
             qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
         ).mamba2
@@ -206,7 +235,7 @@ def main(argv: list[str]) -> int:
         )
         exact &= ssd.cu_chunk_seqlens.cpu().tolist() == ref_ssd.cu_chunk_seqlens
         figures = measure(methods, args.rounds, args.calls)
-        for name in ("chunkmeta_kda_gdn", "chunkmeta_mamba2", "chunkmeta_oneshot", "rocm_style", "floor"):
+        for name in DEVICE_TIMED:
             figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)
         row = {"decodes": decodes, "prefills": prefills, "tokens": tokens, "exact": exact, "methods": figures}
         if engine:
@@ -218,6 +247,7 @@ def main(argv: list[str]) -> int:
                 row[f"vllm_kda_gdn_step{suffix}_us"] = kda_step
                 row[f"vllm_mamba2_step{suffix}_us"] = ssd_step
                 row[f"ratio_kda_gdn{suffix}"] = kda_step / figures["chunkmeta_kda_gdn"][key]
+                row[f"ratio_kda_gdn_vllm{suffix}"] = kda_step / figures["chunkmeta_kda_gdn_vllm"][key]
                 row[f"ratio_mamba2{suffix}"] = ssd_step / figures["chunkmeta_mamba2"][key]
         rows.append(row)
         line = ", ".join(

@@ -68,8 +68,9 @@ def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_
             cls, fields = (
                 ChunkMetadata,
                 [
-                    view(at[0], FLAT, seqs_out, detach=True),  # new objects: FLA memoizes by identity
-                    view(name, FLAT, seqs_out, detach=True),
+                    # new objects unless asked not to: FLA memoizes by identity
+                    view(at[0], FLAT, seqs_out, detach=spec.fresh_cu_seqlens),
+                    view(name, FLAT, seqs_out, detach=spec.fresh_cu_seqlens),
                     view(at[1], PAIRS, count(index, 0, rows)),
                     view(at[2], FLAT, seqs_out),
                     (CONST, spec.chunk_size),

@@ -70,17 +70,26 @@ def _fla_rows(tokens: int, seqs: int, chunk_size: int) -> int:
 
 @attrs.frozen
 class Fla:
-    """FLA's chunk tables (``chunkmeta.ChunkMetadata``) of the prefill slice or the whole batch."""
+    """FLA's chunk tables (``chunkmeta.ChunkMetadata``) of the prefill slice or the whole batch.
+
+    ``fresh_cu_seqlens``: every build hands out new ``cu_seqlens`` / ``cu_seqlens_cpu`` objects,
+    as FLA needs when they are passed to its kernels (it memoizes its helpers by tensor identity:
+    a reused object would get another step's tables). False: the ring's cached views, one fewer
+    tensor object each per build, for a consumer that never passes them to FLA (the vLLM adapter
+    hands FLA vLLM's own ``query_start_loc`` tensors)."""
 
     chunk_size: int = 64
     rows: str = "prefill"
     offsets_dtype: torch.dtype = torch.int64
+    fresh_cu_seqlens: bool = True
 
     def __attrs_post_init__(self):
         check_chunk_size(self.chunk_size)
         _check_slice(self.rows)
         if self.offsets_dtype not in (torch.int32, torch.int64):
             raise ChunkMetaError(f"offsets_dtype={self.offsets_dtype!r}: must be torch.int64 or torch.int32.")
+        if type(self.fresh_cu_seqlens) is not bool:
+            raise ChunkMetaError(f"fresh_cu_seqlens={self.fresh_cu_seqlens!r}: must be True or False.")
 
     needs_computed = False
 

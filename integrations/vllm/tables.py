@@ -48,8 +48,9 @@ def specs(serves: Serves, *, prefill_backend: str | None = None, mamba_chunk_siz
     out = {}
     if serves.fla:
         offsets = torch.int32 if prefill_backend == CUTEDSL else torch.int64
-        out["fla"] = tables.Fla(FLA_CHUNK_SIZE, rows="prefill", offsets_dtype=offsets)
-        out["fla_batch"] = tables.Fla(FLA_CHUNK_SIZE, rows="batch")
+        # no fresh cu_seqlens objects: vLLM's layers and the router see vLLM's own tensors only
+        out["fla"] = tables.Fla(FLA_CHUNK_SIZE, rows="prefill", offsets_dtype=offsets, fresh_cu_seqlens=False)
+        out["fla_batch"] = tables.Fla(FLA_CHUNK_SIZE, rows="batch", fresh_cu_seqlens=False)
     if serves.conv:
         # GDN's conv runs over the non-spec rows (the batch slice here); Mamba's over the prefill
         # rows, which its build is handed as a whole query_start_loc (the batch slice again).

@@ -199,6 +199,8 @@ def test_bad_specs():
         T.Conv(block_m=3)
     with pytest.raises(ChunkMetaError, match="offsets_dtype"):
         T.Fla(offsets_dtype=torch.float32)
+    with pytest.raises(ChunkMetaError, match="fresh_cu_seqlens=1"):
+        T.Fla(fresh_cu_seqlens=1)
     seven = {f"t{i}": T.Conv() for i in range(7)}
     with pytest.raises(ChunkMetaError, match="7 kernel entries"):
         StepTablesBuilder(4, 64, tables=seven, device="cpu")
@@ -283,6 +285,29 @@ def python_only(builder):
     builder._steps.clear()
     builder._results = builder._make_results()
     return builder
+
+
+@pytest.mark.parametrize("executor", ["c", "python"])
+def test_fresh_cu_seqlens_or_the_rings_views(executor):
+    """FLA memoizes by tensor identity: by default every build hands out new cu_seqlens objects;
+    with fresh_cu_seqlens=False a slot's builds of the same size share the ring's cached views.
+    The values are the same either way, and so are the other tables."""
+    q = [torch.tensor(v, dtype=torch.int32) for v in ([0, 3, 20], [0, 5, 9], [0, 3, 20])]
+    objects = {}
+    for fresh in (True, False):
+        specs = {"fla": T.Fla(fresh_cu_seqlens=fresh), "fla_batch": T.Fla(rows="batch", fresh_cu_seqlens=fresh)}
+        builder = StepTablesBuilder(4, 256, tables=specs, device="cpu", backend="torch", ring_depth=2)
+        if executor == "python":
+            python_only(builder)
+        made = [builder.build(x, x) for x in q]  # the third reuses the first one's slot and size
+        for step, x in zip(made[1:], q[1:], strict=True):
+            for name in specs:
+                assert step[name].cu_seqlens.tolist() == step[name].cu_seqlens_cpu.tolist() == x.tolist()
+        objects[fresh] = [(m.fla.cu_seqlens, m.fla.cu_seqlens_cpu, m.fla_batch.cu_seqlens) for m in made]
+    fresh_ids = {id(t) for step in objects[True] for t in step}
+    assert len(fresh_ids) == 9  # all alive in `objects`: distinct ids are distinct objects
+    for first, third in zip(objects[False][0], objects[False][2], strict=True):
+        assert first is third
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -134,18 +134,22 @@ def measure(methods: dict, rounds: int, calls: int) -> dict:
     """Per method: host µs p50 with the queue idle (``calls`` calls back to back, as
     ``../shared/ANCHORS.md`` defines it; the first of each block left out), cold (that first
     call, right after the other methods ran: caches hold their code and data, as in an engine
-    step), and busy (one call behind ~1 ms of queued GPU work). Methods interleaved round by round."""
+    step), and busy (one call behind ~1 ms of queued GPU work). Methods interleaved round by round,
+    the order rotating each round: a method that shares code with the one before it (two
+    chunkmeta builds) would otherwise make its "cold" call warm in every round."""
     idle = {name: [] for name in methods}
     cold = {name: [] for name in methods}
     busy = {name: [] for name in methods}
-    for _ in range(rounds):
-        for name, fn in methods.items():
-            samples = [host_us(fn) for _ in range(calls)]
+    names = list(methods)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            samples = [host_us(methods[name]) for _ in range(calls)]
             cold[name].append(samples[0])
             idle[name].extend(samples[1:])
-        for name, fn in methods.items():
+        for name in order:
             busy_queue(1000.0)
-            busy[name].append(host_us(fn))
+            busy[name].append(host_us(methods[name]))
             torch.cuda.synchronize()
     return {
         name: {

@@ -116,6 +116,15 @@ def cuda_activity(fn):
     return kernels, copies
 
 
+def must_not_run(engine: str, name: str):
+    """A stand-in for an engine's own function that a test says is not called: it raises."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{engine}'s own {name} ran")
+
+    return refuse
+
+
 @contextlib.contextmanager
 def no_sync():
     """Any synchronizing CUDA call inside raises (torch's sync debug mode)."""

@@ -13,6 +13,7 @@ Syncs are counted on CPU by ``sync_count.SyncCounter`` (the idioms that sync on 
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import logging
 
@@ -33,6 +34,7 @@ from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
+from checks import must_not_run
 from chunkmeta import ChunkMetaError, reference
 from chunkmeta.integrations import sglang as sg
 from chunkmeta.integrations.sglang.mamba2 import Mamba2ChunkMeta
@@ -104,11 +106,7 @@ def assert_same(got, want, path="metadata"):
         assert got == want, f"{path}: {got!r} != {want!r}"
 
 
-def _raise(name):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"SGLang's own {name} ran")
-
-    return refuse
+_raise = functools.partial(must_not_run, "SGLang")
 
 
 @contextlib.contextmanager

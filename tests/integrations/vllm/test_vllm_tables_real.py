@@ -10,6 +10,7 @@ other tensor.
 """
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
@@ -24,6 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
 
 import vllm_real_batches
+from checks import must_not_run
 from chunkmeta.integrations import vllm as adapter
 from chunkmeta.integrations.vllm import routing
 
@@ -86,11 +88,7 @@ def build(builder, case):
     return vllm_real_batches.build(builder, case, DEVICE)
 
 
-def raiser(name):
-    def forbidden(*args, **kwargs):
-        raise AssertionError(f"vLLM's own {name} ran")
-
-    return forbidden
+raiser = functools.partial(must_not_run, "vLLM")
 
 
 @pytest.fixture

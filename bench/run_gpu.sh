@@ -78,8 +78,7 @@ for stage in "$@"; do
         python3 -m pytest -m gpu -q -p no:cacheprovider tests/integrations/vllm/test_vllm_gpu.py 2>&1 \
           | tee "$WORK/vllm_gpu_tests.log" | tail -30
         [ "${PIPESTATUS[0]}" = 0 ] || s=1
-        python3 bench/results.py record gpu_tests "$WORK/vllm_gpu_tests.log" --out "$WORK" \
-          --command "bash bench/run_gpu.sh vllm (tests/integrations/vllm/test_vllm_gpu.py)" || s=1
+        record gpu_tests "$WORK/vllm_gpu_tests.log" "bash bench/run_gpu.sh vllm (tests/integrations/vllm/test_vllm_gpu.py)"
         python3 bench/vllm_builders.py --out "$WORK" --rounds "${ROUNDS:-20}" 2>&1 | tee "$WORK/vllm_builders.log"
         [ "${PIPESTATUS[0]}" = 0 ] || s=1
         python3 bench/vllm_step_loop.py --out "$WORK" --steps "${STEPS:-20}" \

@@ -62,8 +62,10 @@ from chunkmeta.workloads import split_tokens
 # (decodes, prefills, prefill tokens): the seed's 4096-token chunks at 8-64 requests, and larger
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512, 512, 65536), (0, 1024, 65536)]
 MAMBA_CHUNK = 256
-# vLLM's functions for the tables chunkmeta_kda_gdn builds: FLA prefill, FLA batch, conv1d
+# vLLM's functions for the tables chunkmeta_kda_gdn builds: FLA prefill, FLA batch, conv1d; and
+# for chunkmeta_mamba2's: SSD chunks, conv1d of the prefill rows
 KDA_GDN_STEP_PARTS = ("vllm_gdn_fla", "vllm_fla_batch", "vllm_conv1d_batch")
+MAMBA2_STEP_PARTS = ("vllm_mamba2", "vllm_conv1d_prefill")
 # the methods that do not sync: their device time is measured too
 DEVICE_TIMED = (
     "chunkmeta_kda_gdn",
@@ -226,11 +228,14 @@ def main(argv: list[str]) -> int:
         step = kda_gdn.build(qsl, qsl_cpu, first_seq=decodes)
         ref_conv = reference.causal_conv1d_metadata(qsl_cpu.tolist())
         exact = step.conv.batch_ptr.cpu().tolist() == ref_conv.batch_ptr
-        ref_fla = reference.chunk_metadata(prefill_cpu.tolist(), 64)
-        step_vllm = kda_gdn_vllm.build(qsl, qsl_cpu, first_seq=decodes)
-        for tables in (step, step_vllm):
-            exact &= tables.fla.chunk_indices.cpu().tolist() == [list(r) for r in ref_fla.chunk_indices]
-        exact &= torch.equal(step_vllm.fla_batch.chunk_offsets, step.fla_batch.chunk_offsets)
+        refs = {
+            "fla": reference.chunk_metadata(qsl_cpu.tolist(), 64, first_seq=decodes),
+            "fla_batch": reference.chunk_metadata(qsl_cpu.tolist(), 64),
+        }
+        for tables in (step, kda_gdn_vllm.build(qsl, qsl_cpu, first_seq=decodes)):
+            for name, ref in refs.items():
+                exact &= tables[name].chunk_indices.cpu().tolist() == [list(r) for r in ref.chunk_indices]
+                exact &= tables[name].chunk_offsets.cpu().tolist() == ref.chunk_offsets
         ssd = mamba2.build(
             qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
         ).mamba2
@@ -246,7 +251,7 @@ def main(argv: list[str]) -> int:
             for state in ("idle", "cold"):
                 key = f"host_{state}_us"
                 kda_step = sum(figures[part][key] for part in KDA_GDN_STEP_PARTS)
-                ssd_step = figures["vllm_mamba2"][key] + figures["vllm_conv1d_prefill"][key]
+                ssd_step = sum(figures[part][key] for part in MAMBA2_STEP_PARTS)
                 suffix = "" if state == "idle" else "_cold"
                 row[f"vllm_kda_gdn_step{suffix}_us"] = kda_step
                 row[f"vllm_mamba2_step{suffix}_us"] = ssd_step

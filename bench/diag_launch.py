@@ -2,8 +2,10 @@
 
     python bench/diag_launch.py
 
-Times, per call (medians of 2,000): the whole build, its kernel launch alone (the fast launcher,
-when it is in use), and one device allocation.
+Times, per call (medians of 2,000): a KDA/GDN step build (FLA prefill + batch + conv1d, 32 + 32
+requests), its one C call and its result objects; the Mamba2 step build (SSD chunks + conv1d of
+the prefill rows), also with new tensor objects each call as an engine passes them, and its C
+call; the Triton launcher alone; the one-shot and its parts; one device allocation.
 """
 
 import statistics
@@ -50,24 +52,49 @@ def main():
         builder.ring.pointer(0),
         qsl.data_ptr(),
     )
-    # the C build's parts: its one C call (checks, counts, host copies, the launch), then the
-    # result objects (chunkmeta.results)
+    # the C build's parts: its one C call (the input tensors' checks, the table checks, counts,
+    # host copies, the launch), then the result objects (chunkmeta.results)
     key = (False, torch.int32, torch.int32, torch.int32)
     capsule, launches = builder._steps[key]
     print("step C build launches:", launches)
-    host = builder._last_inputs[1]
     stream = torch._C._cuda_getCurrentRawStream(0)
-    dummy = builder._dummy.data_ptr()
-    step_args = (capsule, *host, 32, None, 0, False, 0, False, qsl.data_ptr(), dummy, dummy, 1, stream)
-    counts, facts = builder._native.step(*step_args)
+    dummy = builder._dummy_address
+    table = builder._c_steps[False]
+    step_args = (table, builder._wants, qsl, qsl_cpu, 32, None, None, None, None, None, 1, stream, dummy, 0)
+    counts, facts, _ = builder._native.step_tensors(*step_args)
     make_results = builder._results[False]
+    # the Mamba2 step's build (SSD chunks + conv1d of the prefill rows): its C call reads two more
+    # tensors, the rows' computed-token counts
+    computed_cpu = torch.tensor([100] * 64, dtype=torch.int32)
+    computed = computed_cpu.cuda()
+    mamba2 = StepTablesBuilder(
+        1024, 66560, tables={"mamba2": T.Mamba2(chunk_size=256), "conv": T.Conv(rows="prefill")}, device="cuda"
+    )
+    rows = dict(first_seq=32, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu)
+    mamba2.build(qsl, qsl_cpu, **rows)
+    m_args = (mamba2._c_steps[False], mamba2._wants, qsl, qsl_cpu, 32, None, computed, computed_cpu, None, None)
+    m_args += (1, stream, mamba2._dummy_address, 0)
+    # the views an engine passes: new tensor objects each step
+    views = [(qsl[:], qsl_cpu[:], computed[:], computed_cpu[:]) for _ in range(64)]
+    turn = iter(range(1 << 40))
+
+    def mamba2_engine_pattern():
+        q, q_cpu, c, c_cpu = views[next(turn) & 63]
+        mamba2.build(q, q_cpu, first_seq=32, num_computed_tokens=c, num_computed_tokens_cpu=c_cpu)
+
     module = builder._native
     n, nt = 32, 300
     cu_cpu = torch.empty(n + 1, dtype=torch.int32)
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
-        "step: native.step (host side + launch)": per_call_us(lambda: builder._native.step(*step_args)),
+        "step: native.step_tensors (checks, host side, launch)": per_call_us(
+            lambda: builder._native.step_tensors(*step_args)
+        ),
         "step: result objects": per_call_us(lambda: make_results(1, 7, counts, facts)),
+        "mamba2 step build": per_call_us(lambda: mamba2.build(qsl, qsl_cpu, **rows)),
+        "mamba2 step build, new tensor objects each call": per_call_us(mamba2_engine_pattern),
+        "mamba2 step: native.step_tensors": per_call_us(lambda: mamba2._native.step_tensors(*m_args)),
+        "a tensor view (what an engine makes per input per step)": per_call_us(lambda: qsl[:]),
         "step launch alone (Triton fast launcher)": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
         "one-shot build": per_call_us(lambda: build_chunk_metadata(prefill, prefill_cpu)),
         "one-shot: its tensors (1 allocation, split, views)": per_call_us(

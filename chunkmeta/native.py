@@ -18,7 +18,10 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its job
   entry's rows, the host ``cu_seqlens`` copies and the launch of the step kernel (``make_steps``
   holds its constants; with no kernel it does the host side alone, as CPU builds use it). It
   returns the counts and host facts; ``results(recipe, ...)`` (``make_results`` compiles a
-  ``chunkmeta.results`` recipe) then makes the step's result objects.
+  ``chunkmeta.results`` recipe) then makes the step's result objects. ``step_tensors`` is
+  ``step`` from the build's tensors, with their checks (``set_tensor_types`` binds torch's
+  classes once): engines pass new tensor objects every step, and those checks cost more in
+  Python than the rest of the host side.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as
@@ -65,6 +68,7 @@ def module():
         return None
     if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):
         return None  # an attrs that stopped making slots: the Python path builds it
+    loaded.set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided)
     _module = loaded
     return _module
 

@@ -123,6 +123,7 @@ def host_array(query_start_loc_cpu) -> np.ndarray:
                 f"query_start_loc_cpu has dtype {query_start_loc_cpu.dtype}: must be torch.int32 or "
                 "torch.int64; convert it once where the scheduler builds it."
             )
+        check_dense("query_start_loc_cpu", query_start_loc_cpu)
         array = query_start_loc_cpu.numpy()
     elif isinstance(query_start_loc_cpu, np.ndarray):
         if query_start_loc_cpu.dtype not in _NP_INTEGER_DTYPES:
@@ -141,10 +142,20 @@ def host_array(query_start_loc_cpu) -> np.ndarray:
     return array
 
 
+def check_dense(name: str, tensor: torch.Tensor) -> None:
+    """A strided (dense) tensor: the builds read its memory by address; a sparse one has none."""
+    if tensor.layout is not torch.strided:
+        raise ChunkMetaError(
+            f"{name} has layout {tensor.layout}: must be a dense (strided) tensor; convert it once where the "
+            "scheduler builds it."
+        )
+
+
 def check_device_tensor(query_start_loc, host_len: int, device: torch.device | None) -> None:
     """The device copy: usable dtype, 1-D, contiguous, the host copy's length, the right device."""
     if not isinstance(query_start_loc, torch.Tensor):
         raise ChunkMetaError(f"query_start_loc is a {type(query_start_loc).__name__}: must be the device torch tensor.")
+    check_dense("query_start_loc", query_start_loc)
     if query_start_loc.dtype not in _INTEGER_DTYPES:
         raise ChunkMetaError(f"query_start_loc has dtype {query_start_loc.dtype}: must be torch.int32 or torch.int64.")
     if query_start_loc.dim() != 1:
@@ -342,6 +353,7 @@ def row_values(name: str, values, num_rows: int) -> np.ndarray:
             )
         if values.dtype not in _INTEGER_DTYPES:
             raise ChunkMetaError(f"{name} has dtype {values.dtype}: must be torch.int32 or torch.int64.")
+        check_dense(name, values)
         values = values.numpy()
     elif not isinstance(values, np.ndarray) or values.dtype not in _NP_INTEGER_DTYPES:
         raise ChunkMetaError(
@@ -363,6 +375,7 @@ def check_row_tensor(name: str, tensor, num_rows: int, device: torch.device) -> 
     """The device copy of a per-row array: int32/int64, 1-D, contiguous, ``num_rows`` entries, on ``device``."""
     if not isinstance(tensor, torch.Tensor):
         raise ChunkMetaError(f"{name} is a {type(tensor).__name__}: must be the device torch tensor.")
+    check_dense(name, tensor)
     if tensor.dtype not in _INTEGER_DTYPES:
         raise ChunkMetaError(f"{name} has dtype {tensor.dtype}: must be torch.int32 or torch.int64.")
     if tensor.dim() != 1 or tensor.shape[0] != num_rows or tensor.stride(0) != 1:

@@ -93,7 +93,10 @@ class StepTablesBuilder:
             tuple(None if off == _tables.UNUSED else off for off in (e.off0, e.off1, e.off2, e.off3))
             for e in self.layout.entries
         ]
-        self._last_inputs = (None, None, None)  # (query_start_loc_cpu, its plain_host_tensor, query_start_loc)
+        # per padded, the C build's capsule per device dtype combination (step_tensors' table)
+        self._c_steps = {False: (None,) * 8, True: (None,) * 8}
+        self._wants = int(self.needs_computed) | int(self.needs_checkpoints) << 1
+        self._dummy_address = self._dummy.data_ptr()
 
     @property
     def builds(self) -> int:
@@ -129,7 +132,7 @@ class StepTablesBuilder:
         ``SglangMamba2``. ``checkpoint_offsets`` / ``_cpu``: per request, a checkpoint that many
         tokens into its new ones (0 = none), for ``Mamba2(checkpoints=True)``. ``padded``:
         capacity-shaped tables (``StepTables.padded``)."""
-        if padded is True or padded is False:
+        if self._native is not None and (padded is True or padded is False):
             made = self._build_c(
                 query_start_loc,
                 query_start_loc_cpu,
@@ -169,7 +172,7 @@ class StepTablesBuilder:
         self.write_host_cu_seqlens({name: host[slot] for name, host in self.ring.host_np.items()}, step, batch, padded)
         result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
-        key = (padded, query_start_loc.dtype, computed_dev.dtype, checkpoints_dev.dtype)
+        key = self._key(padded, query_start_loc, computed_dev, checkpoints_dev)
         if key not in self._steps:
             self._make_steps(key)
         return result
@@ -177,71 +180,64 @@ class StepTablesBuilder:
     # -- the C build ---------------------------------------------------------------------------
 
     def _build_c(self, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu, checkpoints, checkpoints_cpu, padded):
-        """The whole host side in one C call (``chunkmeta.native``: checks, counts, host copies,
-        the launch) on tensors that pass a few attribute checks; None where the general path
-        must run (it then raises the precise error, or builds)."""
-        # engines often pass the same tensors every step: checked once, then by identity (address
-        # and length too: storage swapped or resized in place keeps the object)
-        last = self._last_inputs
-        if (
-            qsl_cpu is last[0]
-            and qsl is last[2]
-            and qsl_cpu.data_ptr() == last[1][0]
-            and qsl_cpu.shape[0] == last[1][1] == qsl.shape[0]
-        ):
-            host = last[1]
-        else:
-            host = _plan.plain_host_tensor(qsl_cpu)
-            if host is None or not self._device_tensor(qsl, host[1]):
+        """The whole host side in one C call (``chunkmeta.native``'s ``step_tensors``: the input
+        tensors' checks, every table's checks and counts, host copies, the launch); None where the
+        general path must run (it then raises the precise error, or builds)."""
+        index = self._device_index
+        stream = 0
+        if index >= 0:
+            if torch._C._cuda_getDevice() != index:  # the launch goes to the current device
                 return None
-            self._last_inputs = (qsl_cpu, host, qsl)
-        num_requests = host[1] - 1
-        computed_host = self.host_rows(computed_cpu, self.needs_computed, num_requests)
-        checkpoints_host = self.host_rows(checkpoints_cpu, self.needs_checkpoints, num_requests)
-        computed_dev = self._device_rows(computed, self.needs_computed, num_requests)
-        checkpoints_dev = self._device_rows(checkpoints, self.needs_checkpoints, num_requests)
-        if computed_host is None or checkpoints_host is None or computed_dev is None or checkpoints_dev is None:
-            return None
-        key = (padded, qsl.dtype, computed_dev.dtype, checkpoints_dev.dtype)
-        steps = self._steps.get(key)
-        if not steps:
-            return None
-        capsule, launches = steps  # launches: the kernel's name, or None (the host side only)
-        if launches and torch._C._cuda_getDevice() != self._device_index:
-            return None
+            stream = torch._C._cuda_getCurrentRawStream(index)
         slot, generation = self.ring.claim()
-        stream = torch._C._cuda_getCurrentRawStream(self._device_index) if launches else 0
-        out = self._native.step(
-            capsule,
-            host[0],
-            host[1],
-            host[2],
+        out = self._native.step_tensors(
+            self._c_steps[padded],
+            self._wants,
+            qsl,
+            qsl_cpu,
             first_seq,
             num_seqs,
-            computed_host[0],
-            computed_host[2],
-            checkpoints_host[0],
-            checkpoints_host[2],
-            qsl.data_ptr(),
-            computed_dev.data_ptr(),
-            checkpoints_dev.data_ptr(),
+            computed,
+            computed_cpu,
+            checkpoints,
+            checkpoints_cpu,
             slot,
             stream,
+            self._dummy_address,
+            index,
         )
         if type(out) is int:
             if out > 0:  # a CUresult: this layout's C launch is off from now on
-                self._steps[key] = False
+                self._set_steps(self._key(padded, qsl, computed, checkpoints), False)
             return None
-        counts, facts = out
-        if not launches:
+        counts, facts, launched = out
+        if not launched:  # the host side only: the fill launches from Python
             rows = self.layout.rows_pad if padded else counts
+            computed_dev = computed if self.needs_computed else self._dummy
+            checkpoints_dev = checkpoints if self.needs_checkpoints else self._dummy
             self._launch(qsl, computed_dev, checkpoints_dev, slot, StepFacts(*facts), rows, padded)
         result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
         return result
 
-    def _device_tensor(self, tensor, length: int) -> bool:
-        return _plan.is_plain_device_tensor(tensor, length) and tensor.device == self.device
+    def _key(self, padded, qsl, computed, checkpoints) -> tuple:
+        """A C build's key: the layout and the input dtypes its kernel is compiled for."""
+        return (
+            padded,
+            qsl.dtype,
+            computed.dtype if self.needs_computed else self._dummy.dtype,
+            checkpoints.dtype if self.needs_checkpoints else self._dummy.dtype,
+        )
+
+    def _set_steps(self, key, made) -> None:
+        """Record a key's C build (``(capsule, kernel name or None)``, or False: none), and put
+        its capsule where ``step_tensors`` looks: by the device dtypes, int64 as bits."""
+        self._steps[key] = made
+        padded, *dtypes = key
+        index = sum(1 << bit for bit, dtype in enumerate(dtypes) if dtype is torch.int64)
+        table = list(self._c_steps[padded])
+        table[index] = made[0] if made else None
+        self._c_steps[padded] = tuple(table)
 
     def host_rows(self, values, wanted: bool, num_requests: int):
         """``(address, length, is64)`` of a per-request host array for the C build: the empty
@@ -251,19 +247,12 @@ class StepTablesBuilder:
         host = _plan.plain_host_tensor(values, 0)
         return host if host is not None and host[1] == num_requests else None
 
-    def _device_rows(self, tensor, wanted: bool, num_requests: int):
-        """The device copy of a per-request array for a launch (a dummy where no table reads it),
-        or None where the general path must check it."""
-        if not wanted:
-            return self._dummy
-        return tensor if self._device_tensor(tensor, num_requests) else None
-
     def _make_steps(self, key) -> None:
         """The C build's constants for a layout and input dtypes, after its first build (which
         compiled the kernel): launching the kernel itself where the driver and the kernel allow,
         else the host side only (the fill then launches from Python)."""
         if self._native is None:
-            self._steps[key] = False
+            self._set_steps(key, False)
             return
         padded = key[0]
         # the kernels it may launch, best first. On the H200 the CUDA C step fill took less device
@@ -289,11 +278,11 @@ class StepTablesBuilder:
         for name, function, num_warps, shared, block_rows in candidates:
             made = self.native_steps(function, block_rows, num_warps, shared, padded, arenas, cu_hosts)
             if made is not None:
-                self._steps[key] = (made, name)
+                self._set_steps(key, (made, name))
                 return
         # the host side only (the fill launches from Python): the torch fill, or no kernel the C build packs
         made = self.native_steps(0, 1, 1, 0, padded, arenas, cu_hosts)
-        self._steps[key] = (made, None) if made is not None else False
+        self._set_steps(key, (made, None) if made is not None else False)
 
     def native_steps(self, function: int, block_rows: int, num_warps: int, shared: int, padded: bool, arenas, cu_hosts):
         """``chunkmeta.native``'s ``make_steps`` for this builder's entries: the C build's constants

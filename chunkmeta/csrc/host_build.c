@@ -798,23 +798,14 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
   return capsule;
 }
 
-/* step(steps, host, host_len, is64, first_seq, num_seqs, computed, computed_is64, checkpoints,
-        checkpoints_is64, qsl_dev, computed_dev, checkpoints_dev, slot, stream)
-   -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)),
-   or an int: -1 for input the general path must check (nothing written or launched), or the
-   CUresult of a failed launch. computed / checkpoints: host addresses of R entries, 0 when no
-   entry reads them. Validates exactly what the Python plan does; host copies are written only
-   after the launch succeeded. */
-static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 15) {
-    PyErr_SetString(PyExc_TypeError, "step takes 15 arguments");
-    return NULL;
-  }
-  Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
-  if (!st) return NULL;
-  long long a[3], c[4], d[5], first, n;
-  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, c) || int_args(args + 10, 5, 5, d)) return NULL;
-  if (slice_args(args[4], args[5], a[1] - 1, &first, &n)) return PyLong_FromLong(-1);
+/* One step build's host side and launch (py_step, py_step_tensors): a[] = (host, host_len, is64),
+   c[] = (computed, computed_is64, checkpoints, checkpoints_is64), d[] = (qsl_dev, computed_dev,
+   checkpoints_dev, slot, stream). The result as py_step describes it, with a third element, the
+   launch's bool, when `with_launched` is set. */
+static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
+                          const long long *d, int with_launched) {
+  long long first, n;
+  if (slice_args(first_obj, num_obj, a[1] - 1, &first, &n)) return PyLong_FromLong(-1);
   const char *host = (const char *)(uintptr_t)a[0];
   int is64 = (int)a[2];
   int64_t requests = a[1] - 1, slot = d[3];
@@ -930,9 +921,157 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyTuple_SET_ITEM(count_tuple, j, value);
   }
   /* the two flags as bools: they are the result objects' bool fields (prep_initial_states) */
-  return Py_BuildValue("(N(LLLLLLLNN))", count_tuple, (long long)first, (long long)n, (long long)(end - start),
-                       (long long)slice.longest, (long long)requests, (long long)(batch_end - batch_start),
-                       (long long)batch.longest, PyBool_FromLong(prep), PyBool_FromLong(any_checkpoint));
+  PyObject *facts = Py_BuildValue("(LLLLLLLNN)", (long long)first, (long long)n, (long long)(end - start),
+                                  (long long)slice.longest, (long long)requests, (long long)(batch_end - batch_start),
+                                  (long long)batch.longest, PyBool_FromLong(prep), PyBool_FromLong(any_checkpoint));
+  if (!facts) {
+    Py_DECREF(count_tuple);
+    return NULL;
+  }
+  if (with_launched) return Py_BuildValue("(NNO)", count_tuple, facts, st->function ? Py_True : Py_False);
+  return Py_BuildValue("(NN)", count_tuple, facts);
+}
+
+/* step(steps, host, host_len, is64, first_seq, num_seqs, computed, computed_is64, checkpoints,
+        checkpoints_is64, qsl_dev, computed_dev, checkpoints_dev, slot, stream)
+   -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)),
+   or an int: -1 for input the general path must check (nothing written or launched), or the
+   CUresult of a failed launch. computed / checkpoints: host addresses of R entries, 0 when no
+   entry reads them. Validates exactly what the Python plan does; host copies are written only
+   after the launch succeeded. */
+static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 15) {
+    PyErr_SetString(PyExc_TypeError, "step takes 15 arguments");
+    return NULL;
+  }
+  Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
+  if (!st) return NULL;
+  long long a[3], c[4], d[5];
+  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, c) || int_args(args + 10, 5, 5, d)) return NULL;
+  return run_step(st, a, args[4], args[5], c, d, 0);
+}
+
+/* ---- a step build from the caller's tensors --------------------------------------------- */
+/* An engine passes new tensor objects every step (views of its persistent buffers), so a
+   build checks its input tensors every time; in Python those checks (a dozen attribute reads
+   and method calls per tensor) cost more than the rest of the host side. Here they are the
+   same reads through the C API. set_tensor_types binds the classes they compare against. */
+static PyObject *tensor_type = NULL, *dtype_i32 = NULL, *dtype_i64 = NULL, *layout_strided = NULL;
+static PyObject *name_dtype, *name_layout, *name_is_cpu, *name_is_cuda, *name_get_device, *name_shape,
+    *name_is_contiguous, *name_data_ptr;
+
+/* set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided) -> None */
+static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyType_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "set_tensor_types(Tensor, int32, int64, strided)");
+    return NULL;
+  }
+  static const char *names[] = {"dtype", "layout", "is_cpu", "is_cuda", "get_device", "shape", "is_contiguous",
+                                "data_ptr"};
+  PyObject **slots[] = {&name_dtype,  &name_layout, &name_is_cpu,        &name_is_cuda,
+                        &name_get_device, &name_shape, &name_is_contiguous, &name_data_ptr};
+  for (int i = 0; i < 8; i++) {
+    if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+  }
+  PyObject **bound[] = {&tensor_type, &dtype_i32, &dtype_i64, &layout_strided};
+  for (int i = 0; i < 4; i++) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*bound[i], args[i]);
+  }
+  Py_RETURN_NONE;
+}
+
+/* A plain tensor the C build takes: exactly torch.Tensor, int32 or int64, strided, 1-D,
+   contiguous, on `device` (-1: the CPU, else that CUDA device). 1 with its (address, length,
+   is64) in out[], or 0 with no error set: anything else (a subclass, another device, an error
+   from a getter) takes the general path, whose checks raise the precise error. */
+static int plain_tensor(PyObject *t, long device, long long *out) {
+  if (!tensor_type || Py_TYPE(t) != (PyTypeObject *)tensor_type) return 0;
+  PyObject *v = PyObject_GetAttr(t, name_dtype);
+  int is64 = v == dtype_i64, ok = is64 || v == dtype_i32;
+  Py_XDECREF(v);
+  if (ok) {
+    v = PyObject_GetAttr(t, name_layout);
+    ok = v == layout_strided;
+    Py_XDECREF(v);
+  }
+  if (ok) {
+    v = PyObject_GetAttr(t, device < 0 ? name_is_cpu : name_is_cuda);
+    ok = v == Py_True;
+    Py_XDECREF(v);
+  }
+  if (ok && device >= 0) {
+    v = PyObject_CallMethodNoArgs(t, name_get_device);
+    ok = v && PyLong_Check(v) && PyLong_AsLong(v) == device;
+    Py_XDECREF(v);
+  }
+  long long length = -1;
+  if (ok) {
+    v = PyObject_GetAttr(t, name_shape);
+    ok = v && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 1 && PyLong_Check(PyTuple_GET_ITEM(v, 0));
+    if (ok) length = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
+    Py_XDECREF(v);
+    ok = ok && length >= 0;
+  }
+  if (ok) { /* 1-D: contiguous means stride 1 (or at most one entry, whose address is the data's) */
+    v = PyObject_CallMethodNoArgs(t, name_is_contiguous);
+    ok = v == Py_True;
+    Py_XDECREF(v);
+  }
+  unsigned long long address = 0;
+  if (ok) {
+    v = PyObject_CallMethodNoArgs(t, name_data_ptr);
+    ok = v && PyLong_Check(v);
+    if (ok) address = PyLong_AsUnsignedLongLong(v);
+    Py_XDECREF(v);
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    ok = 0;
+  }
+  if (!ok) return 0;
+  static int32_t nothing; /* an empty array's address: never read */
+  out[0] = (long long)(address ? address : (uintptr_t)&nothing);
+  out[1] = length;
+  out[2] = is64;
+  return 1;
+}
+
+/* step_tensors(table, wants, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu,
+                checkpoints, checkpoints_cpu, slot, stream, dummy, device)
+   -> (counts, facts, launched), or an int as step() returns. The same build as step(), from the
+   tensors: table holds a steps capsule (or None: no C build) per device dtype combination,
+   index qsl int64 | computed int64 << 1 | checkpoints int64 << 2; wants: bit 0 when an entry
+   reads num_computed_tokens, bit 1 checkpoint_offsets (the others are ignored, and `dummy`, a
+   device address, stands for them); device: the builder's CUDA device, or -1 for the CPU.
+   launched: whether the capsule launched its kernel (else the caller launches the fill). */
+static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 14 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
+    PyErr_SetString(PyExc_TypeError, "step_tensors takes 14 arguments, the first a tuple of 8");
+    return NULL;
+  }
+  long long wants, e[4];
+  if (int_args(args + 1, 1, 1, &wants) || int_args(args + 10, 4, 4, e)) return NULL;
+  long device = (long)e[3];
+  long long host[3], qsl[3], rows[2][3] = {{0, 0, 0}, {0, 0, 0}}, dev[2][3];
+  if (!plain_tensor(args[3], -1, host) || host[1] < 1 || !plain_tensor(args[2], device, qsl) || qsl[1] != host[1])
+    return PyLong_FromLong(-1);
+  long long c[4], d[5] = {qsl[0], e[2], e[2], e[0], e[1]};
+  int index = (int)qsl[2];
+  for (int k = 0; k < 2; k++) { /* computed, then checkpoints */
+    if (!(wants >> k & 1)) continue;
+    if (!plain_tensor(args[7 + 2 * k], -1, rows[k]) || rows[k][1] != host[1] - 1 ||
+        !plain_tensor(args[6 + 2 * k], device, dev[k]) || dev[k][1] != host[1] - 1)
+      return PyLong_FromLong(-1);
+    d[1 + k] = dev[k][0];
+    index |= (int)dev[k][2] << (1 + k);
+  }
+  c[0] = rows[0][0], c[1] = rows[0][2], c[2] = rows[1][0], c[3] = rows[1][2];
+  PyObject *capsule = PyTuple_GET_ITEM(args[0], index);
+  if (capsule == Py_None) return PyLong_FromLong(-1);
+  Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
+  if (!st) return NULL;
+  return run_step(st, host, args[4], args[5], c, d, 1);
 }
 
 /* ---- the one-shot: its plan and host copy, then its launch, from C ------------------------ */
@@ -1001,6 +1140,8 @@ static PyMethodDef methods[] = {
     {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},
+    {"step_tensors", (PyCFunction)(void (*)(void))py_step_tensors, METH_FASTCALL, "a step build from its tensors"},
+    {"set_tensor_types", (PyCFunction)(void (*)(void))py_set_tensor_types, METH_FASTCALL, "bind torch's classes"},
     {"make_results", (PyCFunction)(void (*)(void))py_make_results, METH_FASTCALL, "a step's result recipe"},
     {"results", (PyCFunction)(void (*)(void))py_results, METH_FASTCALL, "one step build's result objects"},
     {"set_metadata_class", (PyCFunction)(void (*)(void))py_set_metadata_class, METH_FASTCALL,

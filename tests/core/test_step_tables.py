@@ -350,8 +350,87 @@ def test_c_build_agrees_with_python(step, padded, damage):
     assert spy.took == [errors[0] is None]
 
 
+class _Sub(torch.Tensor):
+    pass
+
+
+# (what is odd, the argument it replaces, the tensor from the plain one, whether the C build takes it)
+ODD_TENSORS = [
+    ("plain int64 device offsets", "qsl", lambda t: t.to(torch.int64), True),
+    ("plain int64 host offsets", "qsl_cpu", lambda t: t.to(torch.int64), True),
+    ("plain int64 host computed", "computed_cpu", lambda t: t.to(torch.int64), True),
+    ("int16 host offsets", "qsl_cpu", lambda t: t.to(torch.int16), False),
+    ("float device computed", "computed", lambda t: t.to(torch.float32), False),
+    ("strided host offsets", "qsl_cpu", lambda t: torch.stack([t, t], 1)[:, 0], False),
+    ("strided device offsets", "qsl", lambda t: torch.stack([t, t], 1)[:, 0], False),
+    ("2-D host computed", "computed_cpu", lambda t: t[None], False),
+    ("short device computed", "computed", lambda t: t[:-1], False),
+    ("long host checkpoints", "checkpoints_cpu", lambda t: torch.cat([t, t[:1]]), False),
+    ("a subclass as host offsets", "qsl_cpu", lambda t: t.as_subclass(_Sub), False),
+    ("a numpy array as host offsets", "qsl_cpu", lambda t: t.numpy(), False),
+    ("meta device offsets", "qsl", lambda t: t.to("meta"), False),
+    ("sparse host computed", "computed_cpu", lambda t: t.to_sparse(), False),
+    ("sparse device offsets", "qsl", lambda t: t.to_sparse(), False),
+    ("sparse host offsets", "qsl_cpu", lambda t: t.to_sparse(), False),
+]
+
+
+@pytest.mark.parametrize("what, name, change, taken", ODD_TENSORS, ids=[t[0] for t in ODD_TENSORS])
+def test_c_build_checks_each_input_tensor(what, name, change, taken):
+    """The C build checks every input tensor itself, each build (engines pass new tensor objects
+    every step): it takes a plain one of either integer dtype and leaves anything else to the
+    general path, which builds the same tables or raises the same error as the Python path."""
+    qsl, computed, checkpoints = [0, 1, 40, 300], [3, 0, 256], [0, 10, 0]
+
+    def attempt(builder, odd):
+        tensors = {
+            key: torch.tensor(values, dtype=torch.int32)
+            for key, values in [
+                ("qsl", qsl),
+                ("qsl_cpu", qsl),
+                ("computed", computed),
+                ("computed_cpu", computed),
+                ("checkpoints", checkpoints),
+                ("checkpoints_cpu", checkpoints),
+            ]
+        }
+        if odd:
+            tensors[name] = change(tensors[name])
+        try:
+            made = builder.build(
+                tensors["qsl"],
+                tensors["qsl_cpu"],
+                first_seq=1,
+                num_computed_tokens=tensors["computed"],
+                num_computed_tokens_cpu=tensors["computed_cpu"],
+                checkpoint_offsets=tensors["checkpoints"],
+                checkpoint_offsets_cpu=tensors["checkpoints_cpu"],
+            )
+        except ChunkMetaError as exc:  # bad input gets this error, from either path
+            return str(exc)
+        return {table: _host_values(made[table]) for table in made.names}
+
+    c_builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch")
+    py_builder = python_only(StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch"))
+    attempt(c_builder, odd=False)  # the C build of the int32 inputs
+    attempt(c_builder, odd=True)  # and of a new dtype combination, made after its first build
+    c_builder._native = spy = StepSpy(c_builder._native)
+    assert attempt(c_builder, odd=True) == attempt(py_builder, odd=True), what
+    assert spy.took == [taken], what
+
+
+def _host_values(table) -> dict:
+    """A table's fields, tensors as lists (the ring's bookkeeping left out)."""
+    values = {}
+    for field in attrs.fields(type(table)):
+        if field.name not in ("generation", "_lease", "_slot"):
+            value = getattr(table, field.name)
+            values[field.name] = value.tolist() if isinstance(value, torch.Tensor) else value
+    return values
+
+
 class StepSpy:
-    """The native module, recording whether each step() call built the step."""
+    """The native module, recording whether each step_tensors() call built the step."""
 
     def __init__(self, module):
         self.module = module
@@ -360,15 +439,15 @@ class StepSpy:
     def __getattr__(self, name):
         return getattr(self.module, name)
 
-    def step(self, *args):
-        out = self.module.step(*args)
+    def step_tensors(self, *args):
+        out = self.module.step_tensors(*args)
         self.took.append(type(out) is not int)
         return out
 
 
 def test_same_tensor_changed_in_place_is_checked_again():
-    """The identity cache of the inputs: a tensor given new storage (and length) in place is
-    checked again, not trusted."""
+    """A tensor given new storage (and length) in place between builds is read as it is now:
+    every build checks its inputs, none is trusted from an earlier one."""
     builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", backend="torch")
     q = torch.tensor([0, 3, 20], dtype=torch.int32)
     for _ in range(3):

@@ -1,15 +1,19 @@
 """Where a step-table build's and a one-shot's host time goes, on a CUDA machine (a diagnostic).
 
-    python bench/diag_launch.py
+    python bench/diag_launch.py [--out DIR]
 
 Times, per call (medians of 2,000): a KDA/GDN step build (FLA prefill + batch + conv1d, 32 + 32
 requests), its one C call and its result objects; the Mamba2 step build (SSD chunks + conv1d of
 the prefill rows), also with new tensor objects each call as an engine passes them, and its C
-call; the Triton launcher alone; the one-shot and its parts; one device allocation.
+call; the Triton launcher alone; the one-shot and its parts; one device allocation. With
+``--out`` it writes its record (``bench/results.py``: ``diag_launch.runs.jsonl``) there.
 """
 
+import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,6 +21,9 @@ import torch
 from chunkmeta import StepTablesBuilder, build_chunk_metadata, plan
 from chunkmeta import builder as builder_module
 from chunkmeta import tables as T
+
+sys.path.insert(0, str(Path(__file__).parent))
+import results as runs
 
 
 def per_call_us(fn, calls=2000):
@@ -28,7 +35,10 @@ def per_call_us(fn, calls=2000):
     return statistics.median(samples)
 
 
-def main():
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the record under this directory")
+    args = parser.parse_args(argv)
     lengths = [1] * 32 + [500] * 32
     qsl_cpu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
     qsl = qsl_cpu.cuda()
@@ -110,7 +120,11 @@ def main():
     for name, us in figures.items():
         print(f"{name}: {us:.1f} us")
     torch.cuda.synchronize()
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        runs.save("diag_launch", {"us": figures}, script="bench/diag_launch.py", argv=argv, out=args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -61,6 +61,7 @@ KINDS = (
     "sglang_mamba2",
     "vllm_builders",
     "vllm_step_loop",
+    "diag_launch",
 )
 RECORD_SUFFIX = ".runs.jsonl"
 
@@ -689,6 +690,24 @@ def _render_diagnostics(records: list[dict]) -> list[str]:
     return (["## Launch-floor diagnostics", ""] + out) if out else []
 
 
+def _render_diag_launch(records: list[dict]) -> list[str]:
+    shown = _sorted(records, "diag_launch")
+    if not shown:
+        return []
+    names = list(shown[-1]["figures"]["us"])
+    out = [
+        "## Where a build's host time goes",
+        "",
+        "Host µs per call, medians of 2,000 calls back to back, per record (bench/diag_launch.py says what "
+        "each line times).",
+        "",
+    ]
+    for r in shown:
+        out += _about(r)
+    rows = [[name, *(_f(r["figures"]["us"].get(name)) for r in shown)] for name in names]
+    return out + _table(["part", *(f"`{r['id']}`" for r in shown)], rows)
+
+
 def _render_variants(records: list[dict]) -> list[str]:
     runs = _sorted(records, "kernel_variants")
     if not runs:
@@ -1184,6 +1203,7 @@ def render(records: list[dict]) -> str:
         _render_variants,
         _render_gpu_tests,
         _render_step_tables,
+        _render_diag_launch,
         _render_step_loop,
         _render_vllm_step_loop,
         _render_vllm_builders,

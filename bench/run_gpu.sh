@@ -1,5 +1,5 @@
 # Run the GPU stages on a CUDA machine.
-#   bash bench/run_gpu.sh tests benchmarks bench steptables steploop stress demo sweep diagnostics vllm
+#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo sweep diagnostics vllm
 #   (TESTS_K=expr: pytest -k for tests; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
 #   STRESS_STEPS, SWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
@@ -54,6 +54,8 @@ for stage in "$@"; do
     bench) python3 bench/gpu_compare.py --out "$WORK" --rounds "${ROUNDS:-20}" ${COMPARE_ARGS:-} 2>&1 | tee "$WORK/gpu_compare.log"
       rc=${PIPESTATUS[0]} ;;
     steptables) python3 bench/step_tables.py --out "$WORK" --rounds "${ROUNDS:-20}" 2>&1 | tee "$WORK/step_tables.log"
+      rc=${PIPESTATUS[0]} ;;
+    diag) python3 bench/diag_launch.py --out "$WORK" 2>&1 | tee "$WORK/diag_launch.log"
       rc=${PIPESTATUS[0]} ;;
     steploop) python3 bench/step_loop.py --out "$WORK" --steps "${STEPS:-20}" 2>&1 | tee "$WORK/step_loop.log"
       rc=${PIPESTATUS[0]} ;;

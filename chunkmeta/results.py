@@ -16,10 +16,10 @@ A recipe is ``(outputs, top)``: ``outputs`` a tuple of ``(name, cls, fields)``, 
 * ``(CONST, value)``;
 * ``(ITEM, source, index)``: ``source[index]`` of the build (``COUNTS``: the per-entry counts;
   ``FACTS``: the host facts, ``chunkmeta.step_builder.StepFacts``'s order);
-* ``(VIEW, region, shape, detach, source, index, add, when)``: the view of ``count`` entries of
+* ``(VIEW, region, shape, fresh, source, index, add, when)``: the view of ``count`` entries of
   ``region`` (an arena offset, or a host buffer's name) of the build's slot, ``count =
   source[index] + add`` (``source`` ``FIXED``: ``add`` itself), shaped ``FLAT`` ``[n]``,
-  ``PAIRS`` ``[n, 2]`` or ``ROW`` ``[1, n]``; a new object (``detach()``) with ``detach``; None
+  ``PAIRS`` ``[n, 2]`` or ``ROW`` ``[1, n]``; a new object over it (``.data``) with ``fresh``; None
   where ``when`` is a facts index whose fact is false (``ALWAYS``: never None);
 * ``(GENERATION,)``, ``(LEASE,)``, ``(SLOT,)``: the build's; ``(TABLES,)``: the outputs by name
   (``top`` only).
@@ -54,8 +54,8 @@ def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_
     def fact(index, add=0, fixed=None):
         return (FIXED, 0, fixed + add) if padded else (FACTS, index, add)
 
-    def view(region, shape, sized, detach=False, when=ALWAYS):
-        return (VIEW, region, shape, detach, *sized, when)
+    def view(region, shape, sized, fresh=False, when=ALWAYS):
+        return (VIEW, region, shape, fresh, *sized, when)
 
     outputs = []
     for name, spec in specs.items():
@@ -69,8 +69,8 @@ def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_
                 ChunkMetadata,
                 [
                     # new objects unless asked not to: FLA memoizes by identity
-                    view(at[0], FLAT, seqs_out, detach=spec.fresh_cu_seqlens),
-                    view(name, FLAT, seqs_out, detach=spec.fresh_cu_seqlens),
+                    view(at[0], FLAT, seqs_out, fresh=spec.fresh_cu_seqlens),
+                    view(name, FLAT, seqs_out, fresh=spec.fresh_cu_seqlens),
                     view(at[1], PAIRS, count(index, 0, rows)),
                     view(at[2], FLAT, seqs_out),
                     (CONST, spec.chunk_size),
@@ -181,7 +181,7 @@ def python_results(recipe, views: dict, make_view, lease):
             if op == ITEM:
                 return sources[field[1]][field[2]]
             if op == VIEW:
-                _, region, shape, detach, source, index, add, when = field
+                _, region, shape, fresh, source, index, add, when = field
                 if when != ALWAYS and not facts[when]:
                     return None
                 count = add if source == FIXED else sources[source][index] + add
@@ -189,7 +189,7 @@ def python_results(recipe, views: dict, make_view, lease):
                 made = views.get(key)
                 if made is None:
                     made = make_view(slot, region, count, shape)
-                return made.detach() if detach else made
+                return made.data if fresh else made  # a new object, as the C executor's
             return {GENERATION: generation, LEASE: lease, SLOT: slot, TABLES: tables}[op]
 
         tables = {name: cls(*[value(field) for field in fields]) for name, cls, fields in outputs}

@@ -309,11 +309,21 @@ static PyObject *py_metadata(PyObject *self, PyObject *const *args, Py_ssize_t n
   return new_metadata(args);
 }
 
+/* A new tensor object over the same memory as `view` (new reference), or NULL with an error:
+   what FLA's identity-memoized helpers need of each build's cu_seqlens. `.data` makes it without
+   the dispatcher, in about half the host time of a detach(); the alias is only read, so the
+   version counter it does not share is never consulted. */
+static PyObject *fresh_alias(PyObject *view) {
+  static PyObject *data = NULL;
+  if (!data && !(data = PyUnicode_InternFromString("data"))) return NULL;
+  return PyObject_GetAttr(view, data);
+}
+
 /* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
    chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
    (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu); row_cache: (slot, rows_out)
    -> chunk_indices), else from its cached_views(slot, seqs_out, rows_out). cu_seqlens and
-   cu_seqlens_cpu are handed out as new objects (a detach() of the cached view): FLA memoizes its
+   cu_seqlens_cpu are handed out as new objects (fresh_alias of the cached view): FLA memoizes its
    helpers by argument identity. 0, or -1 with an error. */
 static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *cached_views, int64_t slot,
                       int64_t seqs_out, int64_t rows_out, PyObject **out) {
@@ -344,12 +354,10 @@ static int slot_views(PyObject *seq_cache, PyObject *row_cache, PyObject *cached
     }
     for (int i = 0; i < 4; i++) cached[i] = PyTuple_GET_ITEM(made, i);
   }
-  for (int i = 0; i < 4; i++) Py_INCREF(cached[i]); /* held across the detach() calls below */
+  for (int i = 0; i < 4; i++) Py_INCREF(cached[i]); /* held across the fresh_alias calls below */
   Py_XDECREF(made);
-  static PyObject *detach = NULL;
-  if (!detach) detach = PyUnicode_InternFromString("detach");
-  out[0] = detach ? PyObject_CallMethodNoArgs(cached[0], detach) : NULL;
-  out[3] = out[0] ? PyObject_CallMethodNoArgs(cached[3], detach) : NULL;
+  out[0] = fresh_alias(cached[0]);
+  out[3] = out[0] ? fresh_alias(cached[3]) : NULL;
   out[1] = cached[1];
   out[2] = cached[2];
   Py_DECREF(cached[0]);
@@ -452,7 +460,7 @@ enum { R_COUNTS, R_FACTS, R_FIXED };
 #define MAX_OUTPUTS 8
 
 typedef struct {
-  int op, shape, detach, source, index, when;
+  int op, shape, fresh, source, index, when;
   long long add;
   PyObject *obj; /* R_CONST: the value; R_VIEW: the region (an offset or a host buffer's name) */
 } Field;
@@ -534,13 +542,13 @@ static int compile_output(PyObject *cls, PyObject *descriptors, PyObject *fields
         if (ok) {
           field->obj = Py_NewRef(PyTuple_GET_ITEM(f, 1));
           field->shape = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 2));
-          field->detach = PyObject_IsTrue(PyTuple_GET_ITEM(f, 3));
+          field->fresh = PyObject_IsTrue(PyTuple_GET_ITEM(f, 3));
           field->source = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 4));
           field->index = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 5));
           field->add = PyLong_AsLongLong(PyTuple_GET_ITEM(f, 6));
           field->when = (int)PyLong_AsLong(PyTuple_GET_ITEM(f, 7));
         }
-        ok = ok && field->shape >= 0 && field->shape < 3 && field->detach >= 0 && field->source >= R_COUNTS &&
+        ok = ok && field->shape >= 0 && field->shape < 3 && field->fresh >= 0 && field->source >= R_COUNTS &&
              field->source <= R_FIXED && field->index >= 0 && field->when >= -1;
         break;
       case R_GENERATION:
@@ -646,13 +654,8 @@ static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObjec
     view = PyObject_CallFunctionObjArgs(r->make_view, slot, f->obj, count_obj, r->shapes[f->shape], NULL);
   Py_XDECREF(key);
   Py_DECREF(count_obj);
-  if (!view || !f->detach) return view;
-  static PyObject *detach = NULL;
-  if (!detach && !(detach = PyUnicode_InternFromString("detach"))) {
-    Py_DECREF(view);
-    return NULL;
-  }
-  PyObject *fresh = PyObject_CallMethodNoArgs(view, detach);
+  if (!view || !f->fresh) return view;
+  PyObject *fresh = fresh_alias(view);
   Py_DECREF(view);
   return fresh;
 }

@@ -82,7 +82,10 @@ class StepTablesBuilder:
         self._fills: dict[bool, object] = {}
         self._device_index = self.device.index if self.device.type == "cuda" else -1
         self._native = native.module()
-        # (padded, input dtypes) -> (steps capsule, whether it launches), or False: no C build
+        # the C build checks device tensors as the CPU's or a CUDA device's: builders on any other
+        # device take the general path, which compares devices
+        self._c_build_on = self._native is not None and self.device.type in ("cpu", "cuda")
+        # (padded, input dtypes) -> (steps capsule, the kernel it launches or None), or False: no C build
         self._steps: dict[tuple, object] = {}
         self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
         self._results = self._make_results()
@@ -132,7 +135,7 @@ class StepTablesBuilder:
         ``SglangMamba2``. ``checkpoint_offsets`` / ``_cpu``: per request, a checkpoint that many
         tokens into its new ones (0 = none), for ``Mamba2(checkpoints=True)``. ``padded``:
         capacity-shaped tables (``StepTables.padded``)."""
-        if self._native is not None and (padded is True or padded is False):
+        if self._c_build_on and (padded is True or padded is False):
             made = self._build_c(
                 query_start_loc,
                 query_start_loc_cpu,
@@ -240,8 +243,9 @@ class StepTablesBuilder:
         self._c_steps[padded] = tuple(table)
 
     def host_rows(self, values, wanted: bool, num_requests: int):
-        """``(address, length, is64)`` of a per-request host array for the C build: the empty
-        one where no table reads it, None where the general path must check it."""
+        """``(address, length, is64)`` of a per-request host array for graph mode's C plan
+        (``chunkmeta.graph``): the empty one where no table reads it, None where the general path
+        must check it."""
         if not wanted:
             return _NO_ROWS
         host = _plan.plain_host_tensor(values, 0)

@@ -940,8 +940,8 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
    -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)),
    or an int: -1 for input the general path must check (nothing written or launched), or the
    CUresult of a failed launch. computed / checkpoints: host addresses of R entries, 0 when no
-   entry reads them. Validates exactly what the Python plan does; host copies are written only
-   after the launch succeeded. */
+   entry reads them. Validates exactly what the Python plan checks of the values; host copies
+   are written only after the launch succeeded. */
 static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 15) {
     PyErr_SetString(PyExc_TypeError, "step takes 15 arguments");
@@ -961,7 +961,7 @@ static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs
    same reads through the C API. set_tensor_types binds the classes they compare against. */
 static PyObject *tensor_type = NULL, *dtype_i32 = NULL, *dtype_i64 = NULL, *layout_strided = NULL;
 static PyObject *name_dtype, *name_layout, *name_is_cpu, *name_is_cuda, *name_get_device, *name_shape,
-    *name_is_contiguous, *name_data_ptr;
+    *name_stride, *name_data_ptr;
 
 /* set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided) -> None */
 static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -969,10 +969,10 @@ static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_s
     PyErr_SetString(PyExc_TypeError, "set_tensor_types(Tensor, int32, int64, strided)");
     return NULL;
   }
-  static const char *names[] = {"dtype", "layout", "is_cpu", "is_cuda", "get_device", "shape", "is_contiguous",
+  static const char *names[] = {"dtype", "layout", "is_cpu", "is_cuda", "get_device", "shape", "stride",
                                 "data_ptr"};
   PyObject **slots[] = {&name_dtype,  &name_layout, &name_is_cpu,        &name_is_cuda,
-                        &name_get_device, &name_shape, &name_is_contiguous, &name_data_ptr};
+                        &name_get_device, &name_shape, &name_stride, &name_data_ptr};
   for (int i = 0; i < 8; i++) {
     if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
   }
@@ -985,7 +985,7 @@ static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_s
 }
 
 /* A plain tensor the C build takes: exactly torch.Tensor, int32 or int64, strided, 1-D,
-   contiguous, on `device` (-1: the CPU, else that CUDA device). 1 with its (address, length,
+   stride 1, on `device` (-1: the CPU, else that CUDA device). 1 with its (address, length,
    is64) in out[], or 0 with no error set: anything else (a subclass, another device, an error
    from a getter) takes the general path, whose checks raise the precise error. */
 static int plain_tensor(PyObject *t, long device, long long *out) {
@@ -1016,9 +1016,10 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
     Py_XDECREF(v);
     ok = ok && length >= 0;
   }
-  if (ok) { /* 1-D: contiguous means stride 1 (or at most one entry, whose address is the data's) */
-    v = PyObject_CallMethodNoArgs(t, name_is_contiguous);
-    ok = v == Py_True;
+  if (ok) { /* stride 1, as the general path's checks require (even of a one-entry tensor) */
+    v = PyObject_CallMethodNoArgs(t, name_stride);
+    ok = v && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 1 && PyLong_Check(PyTuple_GET_ITEM(v, 0)) &&
+         PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0)) == 1;
     Py_XDECREF(v);
   }
   unsigned long long address = 0;
@@ -1033,7 +1034,7 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
     ok = 0;
   }
   if (!ok) return 0;
-  static int32_t nothing; /* an empty array's address: never read */
+  static int32_t nothing; /* an empty array's address, host or device: never read */
   out[0] = (long long)(address ? address : (uintptr_t)&nothing);
   out[1] = length;
   out[2] = is64;

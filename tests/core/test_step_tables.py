@@ -282,6 +282,7 @@ def test_counts_match_the_reference_counts():
 def python_only(builder):
     """The same builder's general path: no C build, its results made in Python."""
     builder._native = None
+    builder._c_build_on = False
     builder._steps.clear()
     builder._results = builder._make_results()
     return builder
@@ -359,6 +360,9 @@ ODD_TENSORS = [
     ("plain int64 device offsets", "qsl", lambda t: t.to(torch.int64), True),
     ("plain int64 host offsets", "qsl_cpu", lambda t: t.to(torch.int64), True),
     ("plain int64 host computed", "computed_cpu", lambda t: t.to(torch.int64), True),
+    # the device dtypes pick the kernel: each combination is its own C build
+    ("plain int64 device computed", "computed", lambda t: t.to(torch.int64), True),
+    ("plain int64 device checkpoints", "checkpoints", lambda t: t.to(torch.int64), True),
     ("int16 host offsets", "qsl_cpu", lambda t: t.to(torch.int16), False),
     ("float device computed", "computed", lambda t: t.to(torch.float32), False),
     ("strided host offsets", "qsl_cpu", lambda t: torch.stack([t, t], 1)[:, 0], False),
@@ -369,6 +373,7 @@ ODD_TENSORS = [
     ("a subclass as host offsets", "qsl_cpu", lambda t: t.as_subclass(_Sub), False),
     ("a numpy array as host offsets", "qsl_cpu", lambda t: t.numpy(), False),
     ("meta device offsets", "qsl", lambda t: t.to("meta"), False),
+    ("meta device computed", "computed", lambda t: t.to("meta"), False),
     ("sparse host computed", "computed_cpu", lambda t: t.to_sparse(), False),
     ("sparse device offsets", "qsl", lambda t: t.to_sparse(), False),
     ("sparse host offsets", "qsl_cpu", lambda t: t.to_sparse(), False),
@@ -417,6 +422,30 @@ def test_c_build_checks_each_input_tensor(what, name, change, taken):
     c_builder._native = spy = StepSpy(c_builder._native)
     assert attempt(c_builder, odd=True) == attempt(py_builder, odd=True), what
     assert spy.took == [taken], what
+
+
+def test_c_build_refuses_a_one_entry_tensor_of_another_stride():
+    """A one-request batch's row tensor with stride 2 (a strided view of one entry): the general
+    path's checks refuse it, so the C build leaves it to them."""
+    builder = StepTablesBuilder(4, 256, tables={"m": T.Mamba2(chunk_size=64), "conv": T.Conv()}, device="cpu")
+    q, c = torch.tensor([0, 30], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    builder.build(q, q, num_computed_tokens=c, num_computed_tokens_cpu=c)  # makes the C build
+    builder._native = spy = StepSpy(builder._native)
+    odd = torch.tensor([5, 99], dtype=torch.int32)[::2]
+    assert odd.shape == (1,) and odd.stride() == (2,)
+    with pytest.raises(ChunkMetaError, match="contiguous"):
+        builder.build(q, q, num_computed_tokens=odd, num_computed_tokens_cpu=c)
+    assert spy.took == [False]
+
+
+def test_a_builder_on_another_device_compares_devices():
+    """A builder on a device other than the CPU or CUDA (meta here) takes the general path, which
+    refuses CPU tensors as its device copies."""
+    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla()}, device="meta", backend="torch")
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    builder.build(q.to("meta"), q)
+    with pytest.raises(ChunkMetaError, match="builder's buffers are on meta"):
+        builder.build(q, q)
 
 
 def _host_values(table) -> dict:

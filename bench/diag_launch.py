@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     # the C build's parts: its one C call (the input tensors' checks, the table checks, counts,
     # host copies, the launch), then the result objects (chunkmeta.results)
     key = (False, torch.int32, torch.int32, torch.int32)
-    capsule, launches = builder._steps[key]
+    _, launches = builder._steps[key]  # the kernel the C build launches
     print("step C build launches:", launches)
     stream = torch._C._cuda_getCurrentRawStream(0)
     dummy = builder._dummy_address

@@ -187,6 +187,7 @@ test-wheel:
 	git ls-files chunkmeta integrations > $(WHEEL_TEST)/tracked.txt
 	cd $(WHEEL_TEST) && venv/bin/python -c "$$WHEEL_CHECK" tracked.txt
 	cd $(WHEEL_TEST) && venv/bin/python -m chunkmeta --no-fla --repeats 1
+	rm -rf $(WHEEL_TEST)  # ~1 GB; left in place only when a step above failed, to look at
 
 # Optional: clang-format the kernel sources with .clang-format. Releases break lines differently
 # (14 indents the __launch_bounds__ kernel's signature): the config was tuned with

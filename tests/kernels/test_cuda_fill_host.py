@@ -17,6 +17,7 @@ It checks the algorithm, memory safety and integer behaviour, not the GPU's timi
 model. Without a C++20 compiler (``CXX``, else g++ or clang++) every test here skips, saying so.
 """
 
+import atexit
 import functools
 import hashlib
 import os
@@ -55,7 +56,10 @@ def cxx() -> list[str]:
 
 @functools.cache
 def build_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="chunkmeta-cuda-host-"))
+    # removed at exit: each run's harnesses take ~20 MB, and CI's disk has run out before
+    path = tempfile.mkdtemp(prefix="chunkmeta-cuda-host-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return Path(path)
 
 
 @functools.cache

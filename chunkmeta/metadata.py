@@ -205,13 +205,17 @@ class SglangMamba2Chunks:
 class StepTables(Leased):
     """Every table one step asked for (``chunkmeta.StepTablesBuilder``), by the names the engine
     gave them: ``step["fla"]`` or ``step.fla``. Frozen, like ``ChunkMetadata``; the tables share
-    one ring slot, so they are live (``is_live``) together."""
+    one ring slot, so they are live (``is_live``) together. ``num_seqs`` / ``num_tokens``: the
+    prefill slice's requests and tokens (vLLM's ``num_prefills`` / ``num_prefill_tokens``), the
+    real ones in the padded layout too."""
 
     _tables: dict
     padded: bool
     generation: int
     _lease: Lease | None = attrs.field(default=None, alias="lease")
     _slot: int = attrs.field(default=0, alias="slot")
+    num_seqs: int = 0
+    num_tokens: int = 0
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -135,7 +135,16 @@ def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_
                 ],
             )
         outputs.append((name, cls, _check_fields(cls, fields)))
-    top = (StepTables, _check_fields(StepTables, [(TABLES,), (CONST, padded), (GENERATION,), (LEASE,), (SLOT,)]))
+    top_fields = [
+        (TABLES,),
+        (CONST, padded),
+        (GENERATION,),
+        (LEASE,),
+        (SLOT,),
+        (ITEM, FACTS, _NUM_SEQS),
+        (ITEM, FACTS, _NUM_TOKENS),
+    ]
+    top = (StepTables, _check_fields(StepTables, top_fields))
     return tuple(outputs), top
 
 

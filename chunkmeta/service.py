@@ -54,7 +54,7 @@ from chunkmeta.metadata import ChunkMetadata, StepTables
 from chunkmeta.plan import verify_host_copy
 from chunkmeta.step_builder import StepTablesBuilder
 
-_SIZES = 3  # window columns before the rows: host ns, N, T
+_SIZES = 3  # a window entry's values before the rows: host ns, N, T
 _FLA_CHUNK_SIZE = 64
 _UNSET = object()  # chunk_size not given: the FLA-only service's default; with tables=, none
 
@@ -113,10 +113,8 @@ class _FlaSteps:
     def prepare(self, graph: GraphBuild, batch: StepBatch) -> ChunkMetadata:
         return graph.prepare(batch.query_start_loc_cpu, first_seq=batch.first_seq, num_seqs=batch.num_seqs)
 
-    def record(self, row: np.ndarray, metadata: ChunkMetadata, batch: StepBatch) -> None:
-        row[1] = metadata.num_seqs
-        row[2] = metadata.num_tokens
-        row[3] = metadata.num_chunks
+    def record(self, host_ns: int, metadata: ChunkMetadata) -> tuple:
+        return host_ns, metadata.num_seqs, metadata.num_tokens, metadata.num_chunks
 
 
 # the host int that counts each table's rows (its kernel entry's real rows)
@@ -189,15 +187,9 @@ class _TableSteps:
             checkpoint_offsets_cpu=batch.checkpoint_offsets_cpu,
         )
 
-    def record(self, row: np.ndarray, tables: StepTables, batch: StepBatch) -> None:
-        # the build validated the host copy: N and T from it (no table holds both for every set)
-        host = _plan.host_array(batch.query_start_loc_cpu)
-        first = batch.first_seq
-        end = host.shape[0] - 1 if batch.num_seqs is None else first + batch.num_seqs
-        row[1] = end - first
-        row[2] = int(host[end]) - int(host[first])
-        for k, (name, rows) in enumerate(self._row_getters, _SIZES):
-            row[k] = rows(tables[name])
+    def record(self, host_ns: int, tables: StepTables) -> tuple:
+        made = tables._tables
+        return host_ns, tables.num_seqs, tables.num_tokens, *[rows(made[name]) for name, rows in self._row_getters]
 
     def audit(self, batch: StepBatch) -> None:
         """The per-request arrays' device copies against their host copies (a sync)."""
@@ -274,9 +266,12 @@ class ChunkMetaService:
         self._graph: GraphBuild | StepGraphBuild | None = None
         self._graph_args: tuple = ()
         self._graph_steps = 0
-        # host ns, N, T and each table's rows per build, over a window (written in place: cheap
-        # enough to leave on)
-        self._window = np.zeros((stats_window, _SIZES + len(self._steps.row_names)), dtype=np.int64)
+        # host ns, N, T and each table's rows per build, over a window: one tuple of host ints per
+        # build, stored in a list (numpy item writes and a numpy view of the host copy took more
+        # host time than the build itself); stats() turns them into an array
+        if not isinstance(stats_window, int) or isinstance(stats_window, bool) or stats_window < 1:
+            raise ChunkMetaError(f"stats_window={stats_window!r}: must be an int >= 1 (builds the stats cover).")
+        self._window: list[tuple] = [()] * stats_window
         self._recorded = 0
         self._thread: int | None = None  # the thread that drives steps (set on first use)
 
@@ -295,7 +290,7 @@ class ChunkMetaService:
             self._steps.audit(batch)
         start = time.perf_counter_ns()
         metadata = self._steps.build(batch)
-        self._record(time.perf_counter_ns() - start, metadata, batch)
+        self._record(time.perf_counter_ns() - start, metadata)
         return self._open(metadata, batch.step_id)
 
     @property
@@ -391,17 +386,18 @@ class ChunkMetaService:
             )
         start = time.perf_counter_ns()
         metadata = self._steps.prepare(graph, batch)
-        self._record(time.perf_counter_ns() - start, metadata, batch)
+        self._record(time.perf_counter_ns() - start, metadata)
         self._graph_steps += 1
         return self._open(metadata, batch.step_id)
 
     # -- stats ----------------------------------------------------------------------------
 
     def stats(self) -> ServiceStats:
-        count = min(self._recorded, self._window.shape[0])
-        rows = self._window[:count]
+        size = len(self._window)
+        count = min(self._recorded, size)
+        rows = np.array(self._window[:count], dtype=np.int64).reshape(count, _SIZES + len(self._steps.row_names))
         cap = self.builder.capacity
-        last = self._window[(self._recorded - 1) % self._window.shape[0]] if count else self._window[0] * 0
+        last = rows[(self._recorded - 1) % size] if count else np.zeros(rows.shape[1], dtype=np.int64)
         host_us = rows[:, 0] / 1e3
         table_rows = last[_SIZES:]
         return ServiceStats(
@@ -446,10 +442,8 @@ class ChunkMetaService:
         self._current_step_id = step_id
         return metadata
 
-    def _record(self, host_ns: int, metadata, batch: StepBatch) -> None:
-        row = self._window[self._recorded % self._window.shape[0]]
-        row[0] = host_ns
-        self._steps.record(row, metadata, batch)
+    def _record(self, host_ns: int, metadata) -> None:
+        self._window[self._recorded % len(self._window)] = self._steps.record(host_ns, metadata)
         self._recorded += 1
 
     def _require_graph(self) -> GraphBuild | StepGraphBuild:

@@ -143,7 +143,7 @@ def snapshot(step: StepTables) -> StepTables:
             if not f.name.startswith("_") and isinstance(getattr(table, f.name), torch.Tensor)
         }
         copies[name] = attrs.evolve(table, **fields)
-    return StepTables(copies, step.padded, step.generation)
+    return attrs.evolve(step, tables=copies, lease=None)
 
 
 def test_step_tables_service_steps_do_not_sync_and_are_exact():

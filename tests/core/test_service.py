@@ -131,6 +131,33 @@ def test_stats_window_wraps():
     assert svc.stats().builds == 10 and svc.stats().window == 4
 
 
+def test_step_tables_stats_window_wraps():
+    """After the window wraps, the stats cover its last builds, and `last_*` is the newest one."""
+    svc = step_service(stats_window=3)
+    rng = np.random.default_rng(5)
+    sizes = []
+    for _ in range(7):
+        qsl, first, n, computed, checkpoints = random_step(rng, STEP_SEQS, STEP_TOKENS)
+        with svc.step(step_batch(qsl, first, n, computed, checkpoints)):
+            pass
+        sizes.append((n, qsl[first + n] - qsl[first]))
+    stats = svc.stats()
+    assert stats.builds == 7 and stats.window == 3
+    assert (stats.last_num_seqs, stats.last_num_tokens) == sizes[-1]
+    assert stats.seqs_use == max(n for n, _ in sizes[-3:]) / STEP_SEQS
+
+
+@pytest.mark.parametrize("window", [0, -1, 2.0, True, None])
+def test_bad_stats_window(window):
+    with pytest.raises(ChunkMetaError, match="stats_window"):
+        ChunkMetaService(8, 2000, device="cpu", stats_window=window)
+
+
+def test_stats_before_any_build():
+    stats = step_service().stats()
+    assert stats.builds == 0 and stats.window == 0 and stats.last_num_seqs == 0 and stats.last_rows["fla"] == 0
+
+
 @pytest.mark.parametrize("pad", ["tail", "negative"])
 def test_graph_mode_launch_prepare_split_on_cpu(pad):
     """The graph runner's two halves, without a graph: launch() reads (first_seq, num_seqs) from

@@ -145,6 +145,8 @@ def assert_step_tables(step, builder, qsl, first_seq, num_seqs, computed=None, c
     padded = step.padded
     cap_seqs, cap_tokens = builder.capacity.seqs, builder.capacity.tokens
     assert step.names == tuple(builder.specs)
+    # the prefill slice's sizes, real in the padded layout too
+    assert (step.num_seqs, step.num_tokens) == (num_seqs, qsl[first_seq + num_seqs] - qsl[first_seq])
     for name, spec in builder.specs.items():
         table = step[name]
         if isinstance(spec, tables.Fla):

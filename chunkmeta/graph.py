@@ -53,6 +53,7 @@ class ParamsStaging:
         self.params = torch.zeros(width, dtype=torch.int32, device=device)
         self._staging = torch.zeros(depth, width, dtype=torch.int32, pin_memory=on_cuda)
         self._staging_np = self._staging.numpy()
+        self._staging_rows = list(self._staging)  # made once: indexing the tensor per step costs ~1 us
         # one event per block of _EVENT_EVERY slots, recorded after the block's last copy
         self._block_events = [torch.cuda.Event() if on_cuda else None for _ in range(depth // _EVENT_EVERY)]
         self._block_recorded = [False] * len(self._block_events)
@@ -74,7 +75,7 @@ class ParamsStaging:
                 event.synchronize()
             self._block_recorded[block] = False
         self._staging_np[slot] = values
-        self.params.copy_(self._staging[slot], non_blocking=event is not None)
+        self.params.copy_(self._staging_rows[slot], non_blocking=event is not None)
         if event is not None and slot % _EVENT_EVERY == _EVENT_EVERY - 1:
             event.record(self._current_stream())
             self._block_recorded[block] = True
@@ -377,19 +378,22 @@ class StepGraphBuild(_StaticGraph):
         return self._tables
 
     def _plan_c(self, query_start_loc_cpu, first_seq, num_seqs, computed_cpu, checkpoints_cpu):
-        """``(counts, StepFacts)`` from one C call (checks, counts, host copies), or None where the
-        general path must run (it then raises the precise error, or plans)."""
+        """``(counts, StepFacts)`` from one C call (the host tensors' checks, counts, host copies:
+        launch() is the kernel), or None where the general path must run (it then raises the
+        precise error, or plans)."""
+        if self._c_plan is None:
+            return None
         builder = self.builder
-        host = _plan.plain_host_tensor(query_start_loc_cpu)
-        if self._c_plan is None or host is None or host[1] > self.query_start_loc.shape[0]:
-            return None
-        computed = builder.host_rows(computed_cpu, builder.needs_computed, host[1] - 1)
-        checkpoints = builder.host_rows(checkpoints_cpu, builder.needs_checkpoints, host[1] - 1)
-        if computed is None or checkpoints is None:
-            return None
-        rows = (computed[0], computed[2], checkpoints[0], checkpoints[2])
-        # no device pointers, slot 0, no stream: the host side only (launch() is the kernel)
-        out = builder._native.step(self._c_plan, *host, first_seq, num_seqs, *rows, 0, 0, 0, 0, 0)
+        out = builder._native.step_host(
+            self._c_plan,
+            builder._wants,
+            query_start_loc_cpu,
+            self.query_start_loc.shape[0],
+            first_seq,
+            num_seqs,
+            computed_cpu,
+            checkpoints_cpu,
+        )
         return None if type(out) is int else (out[0], StepFacts(*out[1]))
 
     def replay(self, query_start_loc_cpu, **step) -> StepTables:

@@ -14,14 +14,15 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its job
   checks its input tensors and records the ring generation. A fill (``make_fill``) holds what
   never changes between builds: the kernel handle, its launch shape, the ring's pointers and the
   layout's padding.
-* ``step(steps, ...)``: the same for ``chunkmeta.StepTablesBuilder``: every check, each kernel
-  entry's rows, the host ``cu_seqlens`` copies and the launch of the step kernel (``make_steps``
-  holds its constants; with no kernel it does the host side alone, as CPU builds use it). It
-  returns the counts and host facts; ``results(recipe, ...)`` (``make_results`` compiles a
-  ``chunkmeta.results`` recipe) then makes the step's result objects. ``step_tensors`` is
-  ``step`` from the build's tensors, with their checks (``set_tensor_types`` binds torch's
-  classes once): engines pass new tensor objects every step, and those checks cost more in
-  Python than the rest of the host side.
+* ``step_tensors(table, ...)``: the same for ``chunkmeta.StepTablesBuilder``, from the build's
+  tensors: their checks (``set_tensor_types`` binds torch's classes once; engines pass new
+  tensor objects every step, and those checks cost more in Python than the rest of the host
+  side), every value check, each kernel entry's rows, the host ``cu_seqlens`` copies and the
+  launch of the step kernel (``make_steps`` holds its constants; with no kernel it does the host
+  side alone, as CPU builds use it). It returns the counts and host facts;
+  ``results(recipe, ...)`` (``make_results`` compiles a ``chunkmeta.results`` recipe) then makes
+  the step's result objects. ``step_host`` is its host side for graph mode
+  (``chunkmeta.StepGraphBuild.prepare``), from the host tensors alone.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as

@@ -30,7 +30,6 @@ from chunkmeta.ring import TableRing
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
 _CUDA_STEP_FILL_FIRST_UP_TO = 256  # sequences: see _make_steps
-_NO_ROWS = (0, 0, False)  # a per-request host array no table reads, as the C build takes it
 
 
 class StepTablesBuilder:
@@ -241,15 +240,6 @@ class StepTablesBuilder:
         table = list(self._c_steps[padded])
         table[index] = made[0] if made else None
         self._c_steps[padded] = tuple(table)
-
-    def host_rows(self, values, wanted: bool, num_requests: int):
-        """``(address, length, is64)`` of a per-request host array for graph mode's C plan
-        (``chunkmeta.graph``): the empty one where no table reads it, None where the general path
-        must check it."""
-        if not wanted:
-            return _NO_ROWS
-        host = _plan.plain_host_tensor(values, 0)
-        return host if host is not None and host[1] == num_requests else None
 
     def _make_steps(self, key) -> None:
         """The C build's constants for a layout and input dtypes, after its first build (which

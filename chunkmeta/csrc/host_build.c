@@ -5,7 +5,8 @@
    - make_fill() / build(): a CUDA builder's whole host side of a build in one call: validation,
      the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
      chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy;
-   - make_steps() / step(): the same for a step builder's tables (chunkmeta.step_builder), and
+   - make_steps() / step_tensors(): the same for a step builder's tables (chunkmeta.step_builder),
+     from its input tensors; step_host(): graph mode's host side of a step (chunkmeta.graph);
      make_results() / results(): its result objects from a recipe (chunkmeta.results);
    - oneshot_plan() / launch_fill(): the one-shot's (chunkmeta.builder.build_chunk_metadata).
    MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
@@ -801,10 +802,14 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
   return capsule;
 }
 
-/* One step build's host side and launch (py_step, py_step_tensors): a[] = (host, host_len, is64),
-   c[] = (computed, computed_is64, checkpoints, checkpoints_is64), d[] = (qsl_dev, computed_dev,
-   checkpoints_dev, slot, stream). The result as py_step describes it, with a third element, the
-   launch's bool, when `with_launched` is set. */
+/* One step build's host side and launch (py_step_tensors, py_step_host): a[] = (host, host_len,
+   is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
+   entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
+   stream). -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max,
+   prep, any_checkpoint)), with a third element, the launch's bool, when `with_launched` is set;
+   or an int: -1 for input the general path must check (nothing written or launched), or the
+   CUresult of a failed launch. Validates exactly what the Python plan checks of the values; host
+   copies are written only after the launch succeeded. */
 static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
                           const long long *d, int with_launched) {
   long long first, n;
@@ -935,25 +940,6 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
   return Py_BuildValue("(NN)", count_tuple, facts);
 }
 
-/* step(steps, host, host_len, is64, first_seq, num_seqs, computed, computed_is64, checkpoints,
-        checkpoints_is64, qsl_dev, computed_dev, checkpoints_dev, slot, stream)
-   -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)),
-   or an int: -1 for input the general path must check (nothing written or launched), or the
-   CUresult of a failed launch. computed / checkpoints: host addresses of R entries, 0 when no
-   entry reads them. Validates exactly what the Python plan checks of the values; host copies
-   are written only after the launch succeeded. */
-static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 15) {
-    PyErr_SetString(PyExc_TypeError, "step takes 15 arguments");
-    return NULL;
-  }
-  Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
-  if (!st) return NULL;
-  long long a[3], c[4], d[5];
-  if (int_args(args + 1, 3, 3, a) || int_args(args + 6, 4, 4, c) || int_args(args + 10, 5, 5, d)) return NULL;
-  return run_step(st, a, args[4], args[5], c, d, 0);
-}
-
 /* ---- a step build from the caller's tensors --------------------------------------------- */
 /* An engine passes new tensor objects every step (views of its persistent buffers), so a
    build checks its input tensors every time; in Python those checks (a dozen attribute reads
@@ -1043,8 +1029,8 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
 
 /* step_tensors(table, wants, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu,
                 checkpoints, checkpoints_cpu, slot, stream, dummy, device)
-   -> (counts, facts, launched), or an int as step() returns. The same build as step(), from the
-   tensors: table holds a steps capsule (or None: no C build) per device dtype combination,
+   -> (counts, facts, launched), or an int as run_step returns. The build from its tensors
+   (each checked, every build: plain_tensor): table holds a steps capsule (or None: no C build) per device dtype combination,
    index qsl int64 | computed int64 << 1 | checkpoints int64 << 2; wants: bit 0 when an entry
    reads num_computed_tokens, bit 1 checkpoint_offsets (the others are ignored, and `dummy`, a
    device address, stands for them); device: the builder's CUDA device, or -1 for the CPU.
@@ -1076,6 +1062,34 @@ static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize
   Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
   if (!st) return NULL;
   return run_step(st, host, args[4], args[5], c, d, 1);
+}
+
+/* step_host(steps, wants, qsl_cpu, max_len, first_seq, num_seqs, computed_cpu, checkpoints_cpu)
+   -> (counts, facts) as run_step gives them, or -1 (nothing written): graph mode's host side
+   (chunkmeta.graph.StepGraphBuild.prepare), whose captured kernel reads the engine's static
+   device buffers, so only the host tensors are checked. steps: a host-only capsule (no kernel)
+   of one slot; wants as step_tensors'; max_len: the static query_start_loc's entries, which
+   bound the batch. */
+static PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "step_host takes 8 arguments");
+    return NULL;
+  }
+  Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
+  if (!st) return NULL;
+  if (st->function) {
+    PyErr_SetString(PyExc_ValueError, "step_host takes a host-only steps capsule");
+    return NULL;
+  }
+  long long wants, max_len;
+  if (int_args(args + 1, 1, 1, &wants) || int_args(args + 3, 1, 1, &max_len)) return NULL;
+  long long host[3], rows[2][3] = {{0, 0, 0}, {0, 0, 0}};
+  if (!plain_tensor(args[2], -1, host) || host[1] < 1 || host[1] > max_len) return PyLong_FromLong(-1);
+  for (int k = 0; k < 2; k++) /* computed, then checkpoints */
+    if (wants >> k & 1 && (!plain_tensor(args[6 + k], -1, rows[k]) || rows[k][1] != host[1] - 1))
+      return PyLong_FromLong(-1);
+  long long c[4] = {rows[0][0], rows[0][2], rows[1][0], rows[1][2]}, d[5] = {0, 0, 0, 0, 0};
+  return run_step(st, host, args[4], args[5], c, d, 0);
 }
 
 /* ---- the one-shot: its plan and host copy, then its launch, from C ------------------------ */
@@ -1143,7 +1157,7 @@ static PyMethodDef methods[] = {
     {"launch_fill", (PyCFunction)(void (*)(void))py_launch_fill, METH_FASTCALL, "a fill on the caller's outputs"},
     {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
-    {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "one step build's host side"},
+    {"step_host", (PyCFunction)(void (*)(void))py_step_host, METH_FASTCALL, "graph mode's host side of a step"},
     {"step_tensors", (PyCFunction)(void (*)(void))py_step_tensors, METH_FASTCALL, "a step build from its tensors"},
     {"set_tensor_types", (PyCFunction)(void (*)(void))py_set_tensor_types, METH_FASTCALL, "bind torch's classes"},
     {"make_results", (PyCFunction)(void (*)(void))py_make_results, METH_FASTCALL, "a step's result recipe"},

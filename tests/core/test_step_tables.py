@@ -459,7 +459,7 @@ def _host_values(table) -> dict:
 
 
 class StepSpy:
-    """The native module, recording whether each step_tensors() call built the step."""
+    """The native module, recording whether each step_tensors() / step_host() call built the step."""
 
     def __init__(self, module):
         self.module = module
@@ -472,6 +472,56 @@ class StepSpy:
         out = self.module.step_tensors(*args)
         self.took.append(type(out) is not int)
         return out
+
+    def step_host(self, *args):
+        out = self.module.step_host(*args)
+        self.took.append(type(out) is not int)
+        return out
+
+
+HOST_ODD_TENSORS = [odd for odd in ODD_TENSORS if odd[1].endswith("_cpu")]
+
+
+@pytest.mark.parametrize("what, name, change, taken", HOST_ODD_TENSORS, ids=[t[0] for t in HOST_ODD_TENSORS])
+def test_graph_prepare_checks_each_host_tensor(what, name, change, taken):
+    """Graph mode's host side checks the host tensors in the same C call as its plan
+    (``step_host``): it takes a plain one of either integer dtype and leaves anything else to
+    the general path, which prepares the same step or raises the same error."""
+    from chunkmeta import StepGraphBuild
+
+    values = {"qsl_cpu": [0, 1, 40, 300], "computed_cpu": [3, 0, 256], "checkpoints_cpu": [0, 10, 0]}
+
+    def graph_of(c_plan: bool):
+        builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="triton")
+        qsl_static, rows_static = torch.zeros(MAX_SEQS + 1, dtype=torch.int32), torch.zeros(MAX_SEQS, dtype=torch.int32)
+        graph = StepGraphBuild(
+            builder, qsl_static, num_computed_tokens=rows_static, checkpoint_offsets=rows_static.clone()
+        )
+        assert graph._c_plan is not None
+        if not c_plan:
+            graph._c_plan = None
+        return graph
+
+    def prepare(graph):
+        host = {key: torch.tensor(v, dtype=torch.int32) for key, v in values.items()}
+        host[name] = change(host[name])
+        try:
+            made = graph.prepare(
+                host["qsl_cpu"],
+                first_seq=1,
+                num_computed_tokens_cpu=host["computed_cpu"],
+                checkpoint_offsets_cpu=host["checkpoints_cpu"],
+            )
+        except ChunkMetaError as exc:  # bad input gets this error, from either path
+            return str(exc)
+        # the host side's outputs: the tables' host fields and cu_seqlens_cpu, the staged params
+        tables = {table: _host_values(made[table]) for table in made.names}
+        return made.num_seqs, made.num_tokens, tables, graph._staged.params.tolist()
+
+    c_graph = graph_of(c_plan=True)
+    c_graph.builder._native = spy = StepSpy(c_graph.builder._native)
+    assert prepare(c_graph) == prepare(graph_of(c_plan=False)), what
+    assert spy.took == [taken], what
 
 
 def test_same_tensor_changed_in_place_is_checked_again():
@@ -550,6 +600,13 @@ def test_graph_mode_bad_input_stages_nothing():
     too_long = torch.arange(MAX_SEQS + 2, dtype=torch.int32)
     with pytest.raises(ChunkMetaError, match="static query_start_loc buffer"):
         graph.prepare(too_long, num_computed_tokens_cpu=too_long[:-1], checkpoint_offsets_cpu=too_long[:-1] * 0)
+    # a static buffer shorter than the builder's capacity bounds the batch too (its kernel reads it)
+    short = StepGraphBuild(builder, qsl_static[:4], num_computed_tokens=zeros, checkpoint_offsets=zeros.clone())
+    five = torch.arange(5, dtype=torch.int32)
+    with pytest.raises(ChunkMetaError, match="static query_start_loc buffer holds 4"):
+        short.prepare(five, num_computed_tokens_cpu=five[:-1] * 0, checkpoint_offsets_cpu=five[:-1] * 0)
+    fits = short.prepare(five[:4], num_computed_tokens_cpu=five[:3] * 0, checkpoint_offsets_cpu=five[:3] * 0)
+    assert fits.num_seqs == 3
     with pytest.raises(ChunkMetaError, match="replay\\(\\) before capture"):
         graph.replay(q, num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c * 0)
     with pytest.raises(ChunkMetaError, match="num_computed_tokens must be"):

@@ -108,7 +108,8 @@ class StepTablesBuilder:
     def c_build(self) -> dict[tuple, str | None]:
         """What the C build does per ``(padded, input dtypes)`` after that layout's first build:
         ``"cuda"`` / ``"triton"`` (the host side and the launch of that kernel, one C call),
-        ``"host"`` (the host side; the fill launches from Python), or None (the general path)."""
+        ``"c"`` (a CPU builder: the host side and the fill, in C), ``"host"`` (the host side; the
+        fill launches from Python), or None (the general path)."""
         return {key: ((made[1] or "host") if made else None) for key, made in self._steps.items()}
 
     # -- build ------------------------------------------------------------------------------
@@ -274,17 +275,32 @@ class StepTablesBuilder:
             if made is not None:
                 self._set_steps(key, (made, name))
                 return
-        # the host side only (the fill launches from Python): the torch fill, or no kernel the C build packs
-        made = self.native_steps(0, 1, 1, 0, padded, arenas, cu_hosts)
-        self._set_steps(key, (made, None) if made is not None else False)
+        # no kernel the C build packs: on a CPU builder the C build fills the tables itself (serially,
+        # microseconds where the torch fill's ops take a millisecond), else the host side only
+        # (the fill then launches from Python)
+        cpu_fill = self.device.type == "cpu"
+        made = self.native_steps(0, 1, 1, 0, padded, arenas, cu_hosts, cpu_fill=cpu_fill)
+        self._set_steps(key, (made, "c" if cpu_fill else None) if made is not None else False)
 
-    def native_steps(self, function: int, block_rows: int, num_warps: int, shared: int, padded: bool, arenas, cu_hosts):
+    def native_steps(
+        self,
+        function: int,
+        block_rows: int,
+        num_warps: int,
+        shared: int,
+        padded: bool,
+        arenas,
+        cu_hosts,
+        *,
+        cpu_fill: bool = False,
+    ):
         """``chunkmeta.native``'s ``make_steps`` for this builder's entries: the C build's constants
         for slots at ``arenas`` (an address per slot) whose FLA tables' host ``cu_seqlens`` are at
-        ``cu_hosts[name]`` (an address per slot); ``function`` 0: the host side only. None where the
-        kernel's parameters are not the layout it packs."""
+        ``cu_hosts[name]`` (an address per slot); ``function`` 0: no kernel, the host side only, or
+        with ``cpu_fill`` the host side and the fill in C (CPU arenas). None where the kernel's
+        parameters are not the layout it packs."""
         entries = [
-            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad)
+            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad, e.off0, e.off1, e.off2, e.off3, e.pad0, e.pad1)
             for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
         ]
         none = [0] * len(arenas)
@@ -294,7 +310,17 @@ class StepTablesBuilder:
         ]
         cap = self.capacity
         return self._native.make_steps(
-            function, block_rows, num_warps, shared, cap.seqs, cap.tokens, int(padded), entries, arenas, per_entry
+            function,
+            block_rows,
+            num_warps,
+            shared,
+            cap.seqs,
+            cap.tokens,
+            int(padded),
+            entries,
+            arenas,
+            per_entry,
+            int(cpu_fill),
         )
 
     # -- plan --------------------------------------------------------------------------------

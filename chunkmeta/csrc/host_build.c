@@ -707,9 +707,10 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* ---- a step build: every table's sizes and checks, host copies and one launch ----------- */
 /* The host side of chunkmeta.step_builder.StepTablesBuilder.build for accepted tensors. A steps
-   capsule (make_steps) holds what never changes: the kernel (step_tables_kernel, or 0: the host
-   side only, as CPU builds use it), its launch shape, each slot's arena and host cu_seqlens
-   buffers, and the entries (kind, shift, slice, base, flag, rows_pad, seqs_pad). */
+   capsule (make_steps) holds what never changes: the kernel (step_tables_kernel, or 0: no
+   launch), or for a CPU builder the CPU fill (cpu_fill_entry), its launch shape, each slot's
+   arena and host cu_seqlens buffers, and the entries (kind, shift, slice, base, flag, rows_pad,
+   seqs_pad, the four region offsets, pad0, pad1). */
 #define MAX_ENTRIES 6
 #define STEP_ARGS 14 /* qsl, computed, checkpoints, arena, params (8 B); 9 int32 scalars */
 enum { FLA = 1, CONV = 2, MAMBA2 = 3, LOGICAL = 4, TOKENS = 5 };
@@ -717,15 +718,20 @@ enum { FLA = 1, CONV = 2, MAMBA2 = 3, LOGICAL = 4, TOKENS = 5 };
 typedef struct {
   void *function;
   unsigned block_rows, threads, shared;
-  int trailing, slots, entries, padded;
+  int trailing, slots, entries, padded, cpu_fill;
   int64_t cap_seqs, cap_tokens;
   int kind[MAX_ENTRIES], shift[MAX_ENTRIES], slice[MAX_ENTRIES], base[MAX_ENTRIES], flag[MAX_ENTRIES];
-  int64_t rows_pad[MAX_ENTRIES], seqs_pad[MAX_ENTRIES];
+  int64_t rows_pad[MAX_ENTRIES], seqs_pad[MAX_ENTRIES], off[MAX_ENTRIES][4], pad0[MAX_ENTRIES], pad1[MAX_ENTRIES];
   uint64_t arena[MAX_SLOTS];
   int32_t *cu_host[MAX_ENTRIES][MAX_SLOTS]; /* FLA entries: the slot's host cu_seqlens */
+  int64_t *ends;                            /* cpu_fill: a slice's chunk ends, cap_seqs entries */
 } Steps;
 
-static void free_steps(PyObject *capsule) { PyMem_Free(PyCapsule_GetPointer(capsule, "chunkmeta.steps")); }
+static void free_steps(PyObject *capsule) {
+  Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
+  PyMem_Free(st->ends);
+  PyMem_Free(st);
+}
 
 /* Chunks of a segment of len tokens at position pos (chunkmeta.fill.step_fill.segment_chunks). */
 static int64_t segment_chunks(int64_t pos, int64_t len, int shift) {
@@ -734,21 +740,28 @@ static int64_t segment_chunks(int64_t pos, int64_t len, int shift) {
 }
 
 /* make_steps(function, block_rows, num_warps, shared, cap_seqs, cap_tokens, padded, entries,
-              arenas, cu_hosts) -> capsule, or None if the kernel's parameters are not the layout
-   packed here. entries: (kind, shift, slice, base, flag, rows_pad, seqs_pad) tuples; arenas: a
-   slot's arena address each; cu_hosts: per entry, a host address per slot (0 for non-FLA). */
+              arenas, cu_hosts, cpu_fill) -> capsule, or None if the kernel's parameters are not
+   the layout packed here. entries: (kind, shift, slice, base, flag, rows_pad, seqs_pad, off0,
+   off1, off2, off3, pad0, pad1) tuples; arenas: a slot's arena address each; cu_hosts: per
+   entry, a host address per slot (0 for non-FLA); cpu_fill: with function 0, fill the (CPU)
+   arenas in C (cpu_fill_entry) instead of leaving the fill to the caller. */
 static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  long long a[7];
-  if (nargs != 10) {
-    PyErr_SetString(PyExc_TypeError, "make_steps takes 10 arguments");
+  long long a[7], cpu_fill;
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "make_steps takes 11 arguments");
     return NULL;
   }
-  if (int_args(args, 7, 7, a)) return NULL;
+  if (int_args(args, 7, 7, a) || int_args(args + 10, 1, 1, &cpu_fill)) return NULL;
   void *function = (void *)(uintptr_t)a[0];
+  if (function && cpu_fill) {
+    PyErr_SetString(PyExc_ValueError, "make_steps: a kernel or the CPU fill, not both");
+    return NULL;
+  }
   int trailing = param_layout(function, 5, STEP_ARGS); /* 5 pointers, 9 int32, then scratch pointers */
   if (trailing < 0) Py_RETURN_NONE;
   Steps *st = PyMem_Calloc(1, sizeof(Steps));
   if (!st) return PyErr_NoMemory();
+  st->cpu_fill = cpu_fill != 0;
   st->function = function;
   st->block_rows = (unsigned)(a[1] > 0 ? a[1] : 1);
   st->threads = 32u * (unsigned)(a[2] > 0 ? a[2] : 1);
@@ -767,13 +780,15 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
          PySequence_Fast_GET_SIZE(hosts) == st->entries;
   }
   for (int j = 0; ok && j < st->entries; j++) {
-    long long e[7];
+    long long e[13];
     PyObject *item = PySequence_Fast(PySequence_Fast_GET_ITEM(entries, j), "entry");
-    ok = item && PySequence_Fast_GET_SIZE(item) == 7 && !int_args(PySequence_Fast_ITEMS(item), 7, 7, e);
+    ok = item && PySequence_Fast_GET_SIZE(item) == 13 && !int_args(PySequence_Fast_ITEMS(item), 13, 13, e);
     Py_XDECREF(item);
     if (!ok) break;
     st->kind[j] = (int)e[0], st->shift[j] = (int)e[1], st->slice[j] = (int)e[2], st->base[j] = (int)e[3];
     st->flag[j] = (int)e[4], st->rows_pad[j] = e[5], st->seqs_pad[j] = e[6];
+    for (int k = 0; k < 4; k++) st->off[j][k] = e[7 + k];
+    st->pad0[j] = e[11], st->pad1[j] = e[12];
     ok = st->shift[j] >= 0 && st->shift[j] <= 31;
     PyObject *per_slot = ok ? PySequence_Fast(PySequence_Fast_GET_ITEM(hosts, j), "cu_host") : NULL;
     ok = per_slot && PySequence_Fast_GET_SIZE(per_slot) == st->slots;
@@ -792,20 +807,119 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
   Py_XDECREF(entries);
   Py_XDECREF(arenas);
   Py_XDECREF(hosts);
+  if (ok && st->cpu_fill) {
+    st->ends = PyMem_Malloc(sizeof(int64_t) * (size_t)(st->cap_seqs > 0 ? st->cap_seqs : 1));
+    if (!st->ends) {
+      PyMem_Free(st);
+      return PyErr_NoMemory();
+    }
+  }
   if (!ok) {
     PyMem_Free(st);
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_steps: bad entries, arenas or cu_hosts");
     return NULL;
   }
   PyObject *capsule = PyCapsule_New(st, "chunkmeta.steps", free_steps);
-  if (!capsule) PyMem_Free(st);
+  if (!capsule) {
+    PyMem_Free(st->ends);
+    PyMem_Free(st);
+  }
   return capsule;
+}
+
+/* One entry of the step kernel on a CPU builder's arena, serially: what step_fill.cu's run_entry
+   writes (the same tables, padding and untouched entries), its sequences' chunk ends in st->ends.
+   q: the slice's query_start_loc (n + 1 entries from `first`), computed / checkpoints: every
+   request's (indexed first + s); is64 flags: their element types. Input validated by run_step. */
+static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, int q64, const char *computed,
+                           int computed64, const char *checkpoints, int checkpoints64, int64_t first, int64_t n,
+                           int64_t num_rows) {
+  const int kind = st->kind[j], shift = st->shift[j], base_kind = st->base[j], flag = st->flag[j];
+  const int split = kind == MAMBA2 && flag;
+  const int64_t base = load(q, q64, 0), num_tokens = load(q, q64, n) - base;
+  int64_t *ends = st->ends, num_chunks = 0;
+  for (int64_t s = 0; s < n; s++) {
+    const int64_t start = load(q, q64, s), len = load(q, q64, s + 1) - start;
+    const int64_t pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : load(computed, computed64, first + s);
+    const int64_t cut = split ? load(checkpoints, checkpoints64, first + s) : 0;
+    num_chunks += cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
+                          : segment_chunks(pos, len, shift);
+    ends[s] = num_chunks;
+  }
+  char *r0 = arena + st->off[j][0], *r1 = arena + st->off[j][1], *r2 = arena + st->off[j][2],
+       *r3 = arena + st->off[j][3];
+  const int64_t seqs_out = st->padded ? st->seqs_pad[j] : n, pad0 = st->pad0[j], pad1 = st->pad1[j];
+  for (int64_t s = 0; s < seqs_out; s++) { /* the per-sequence tables */
+    const int real = s < n;
+    const int64_t end = real ? ends[s] : num_chunks;
+    if (kind == FLA) {
+      ((int32_t *)r0)[1 + s] = (int32_t)(real ? load(q, q64, s + 1) - base : num_tokens);
+      if (flag)
+        ((int64_t *)r2)[1 + s] = end;
+      else
+        ((int32_t *)r2)[1 + s] = (int32_t)end;
+    } else if (kind == MAMBA2) {
+      ((int32_t *)r2)[s] = (int32_t)(end - 1);
+      if (split) {
+        int64_t mark = 0, cut = real ? load(checkpoints, checkpoints64, first + s) : 0;
+        if (cut > 0) mark = (s ? ends[s - 1] : 0) + segment_chunks(load(computed, computed64, first + s), cut, shift) - 1;
+        ((int64_t *)r3)[s] = mark;
+      }
+    } else if (kind == LOGICAL && flag) {
+      r2[s] = (char)(real && load(computed, computed64, first + s) > 0);
+    }
+  }
+  int64_t seq = 0;
+  for (int64_t r = 0; r < num_rows; r++) { /* the rows, in order: each one's sequence and chunk */
+    const int real = r < num_chunks;
+    while (real && ends[seq] <= r) seq++; /* the first sequence whose chunks end past r */
+    const int64_t chunk = real ? r - (seq ? ends[seq - 1] : 0) : 0;
+    if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs */
+      int32_t *pair = (int32_t *)(kind == FLA ? r1 : r0) + 2 * r;
+      pair[0] = (int32_t)(real ? seq : pad0);
+      pair[1] = (int32_t)(real ? chunk : pad1);
+    } else if (kind == CONV) {
+      ((int32_t *)r0)[r] = (int32_t)(real ? seq : pad0);
+      ((int32_t *)r1)[r] = (int32_t)(real ? chunk : pad1);
+    } else if (kind == TOKENS) {
+      ((int32_t *)r0)[r] = (int32_t)(real ? seq : pad0);
+    } else { /* MAMBA2, LOGICAL: the chunk's token range within its segment */
+      int64_t start = 0, stop = 0, row_start = 0, pos = 0;
+      if (real) {
+        row_start = load(q, q64, seq);
+        const int64_t len = load(q, q64, seq + 1) - row_start;
+        pos = base_kind == 1 ? row_start - base : load(computed, computed64, first + seq);
+        int64_t seg_pos = pos, seg_len = len, t = chunk;
+        const int64_t cut = split ? load(checkpoints, checkpoints64, first + seq) : 0;
+        if (cut > 0) {
+          const int64_t first_chunks = segment_chunks(pos, cut, shift);
+          if (t >= first_chunks) {
+            seg_pos = pos + cut;
+            seg_len = len - cut;
+            t -= first_chunks;
+          } else {
+            seg_len = cut;
+          }
+        }
+        const int64_t boundary = seg_pos >> shift, limit = (boundary + t + 1) << shift;
+        start = t == 0 ? seg_pos : (boundary + t) << shift;
+        stop = limit < seg_pos + seg_len ? limit : seg_pos + seg_len;
+      }
+      if (kind == MAMBA2) {
+        ((int32_t *)r0)[1 + r] = (int32_t)(real ? row_start - base + stop - pos : num_tokens);
+        ((int32_t *)r1)[r] = (int32_t)(real ? seq : pad0);
+      } else {
+        ((int32_t *)r0)[r] = (int32_t)(real ? start >> shift : pad0);
+        ((int32_t *)r1)[r] = (int32_t)(real ? start & ((1LL << shift) - 1) : pad1);
+      }
+    }
+  }
 }
 
 /* One step build's host side and launch (py_step_tensors, py_step_host): a[] = (host, host_len,
    is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
    entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
-   stream). -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max,
+   stream, and those three tensors' is64 flags, which the CPU fill reads). -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max,
    prep, any_checkpoint)), with a third element, the launch's bool, when `with_launched` is set;
    or an int: -1 for input the general path must check (nothing written or launched), or the
    CUresult of a failed launch. Validates exactly what the Python plan checks of the values; host
@@ -906,6 +1020,15 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
                         NULL);
     Py_END_ALLOW_THREADS
     if (err) return PyLong_FromLong(err);
+  } else if (st->cpu_fill) {
+    char *arena = (char *)(uintptr_t)st->arena[slot];
+    for (int j = 0; j < st->entries; j++) {
+      int whole = st->slice[j] == 1;
+      int64_t sfirst = whole ? 0 : first, sn = whole ? requests : n;
+      const char *sq = (const char *)(uintptr_t)d[0] + sfirst * (d[5] ? 8 : 4);
+      cpu_fill_entry(st, j, arena, sq, (int)d[5], (const char *)(uintptr_t)d[1], (int)d[6],
+                     (const char *)(uintptr_t)d[2], (int)d[7], sfirst, sn, rows[j]);
+    }
   }
   /* host cu_seqlens of the FLA entries: the slice rebased to 0, then zero-length tails */
   for (int j = 0; j < st->entries; j++) {
@@ -936,7 +1059,8 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     Py_DECREF(count_tuple);
     return NULL;
   }
-  if (with_launched) return Py_BuildValue("(NNO)", count_tuple, facts, st->function ? Py_True : Py_False);
+  if (with_launched)
+    return Py_BuildValue("(NNO)", count_tuple, facts, st->function || st->cpu_fill ? Py_True : Py_False);
   return Py_BuildValue("(NN)", count_tuple, facts);
 }
 
@@ -1046,7 +1170,7 @@ static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize
   long long host[3], qsl[3], rows[2][3] = {{0, 0, 0}, {0, 0, 0}}, dev[2][3];
   if (!plain_tensor(args[3], -1, host) || host[1] < 1 || !plain_tensor(args[2], device, qsl) || qsl[1] != host[1])
     return PyLong_FromLong(-1);
-  long long c[4], d[5] = {qsl[0], e[2], e[2], e[0], e[1]};
+  long long c[4], d[8] = {qsl[0], e[2], e[2], e[0], e[1], qsl[2], 0, 0};
   int index = (int)qsl[2];
   for (int k = 0; k < 2; k++) { /* computed, then checkpoints */
     if (!(wants >> k & 1)) continue;
@@ -1054,6 +1178,7 @@ static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize
         !plain_tensor(args[6 + 2 * k], device, dev[k]) || dev[k][1] != host[1] - 1)
       return PyLong_FromLong(-1);
     d[1 + k] = dev[k][0];
+    d[6 + k] = dev[k][2];
     index |= (int)dev[k][2] << (1 + k);
   }
   c[0] = rows[0][0], c[1] = rows[0][2], c[2] = rows[1][0], c[3] = rows[1][2];
@@ -1077,7 +1202,7 @@ static PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t 
   }
   Steps *st = PyCapsule_GetPointer(args[0], "chunkmeta.steps");
   if (!st) return NULL;
-  if (st->function) {
+  if (st->function || st->cpu_fill) {
     PyErr_SetString(PyExc_ValueError, "step_host takes a host-only steps capsule");
     return NULL;
   }
@@ -1088,7 +1213,7 @@ static PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t 
   for (int k = 0; k < 2; k++) /* computed, then checkpoints */
     if (wants >> k & 1 && (!plain_tensor(args[6 + k], -1, rows[k]) || rows[k][1] != host[1] - 1))
       return PyLong_FromLong(-1);
-  long long c[4] = {rows[0][0], rows[0][2], rows[1][0], rows[1][2]}, d[5] = {0, 0, 0, 0, 0};
+  long long c[4] = {rows[0][0], rows[0][2], rows[1][0], rows[1][2]}, d[8] = {0};
   return run_step(st, host, args[4], args[5], c, d, 0);
 }
 

@@ -58,18 +58,35 @@ BUILDERS = {}
 
 
 def builder_for(backend, specs_name, pad="tail"):
+    """A CPU builder, kept across examples. ``backend`` "torch": after a layout's first build the C
+    build fills the tables (``c_build`` "c"); "python": the torch fill every build (no C build);
+    "triton": the interpreted kernel."""
     key = (backend, specs_name, pad)
     if key not in BUILDERS:
         specs = SPECS if specs_name == "a" else SPECS_B
-        BUILDERS[key] = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend=backend, pad=pad)
+        fill = "torch" if backend == "python" else backend
+        built = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend=fill, pad=pad)
+        BUILDERS[key] = python_only(built) if backend == "python" else built
     return BUILDERS[key]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=steps(), specs_name=st.sampled_from("ab"), padded=st.booleans(), wide=st.booleans())
+def test_c_fill_equals_reference(step, specs_name, padded, wide):
+    """A CPU builder's C build fills the tables itself (chunkmeta.native's cpu_fill_entry, the
+    step kernel's logic run serially): exact, in both layouts, for int32 and int64 inputs."""
+    qsl, first, n, computed, checkpoints = step
+    builder = builder_for("torch", specs_name)
+    tables = build(builder, qsl, first, n, computed, checkpoints, padded, torch.int64 if wide else torch.int32)
+    assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    assert set(builder.c_build.values()) == {"c"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=steps(), specs_name=st.sampled_from("ab"), padded=st.booleans(), wide=st.booleans())
 def test_torch_fill_equals_reference(step, specs_name, padded, wide):
     qsl, first, n, computed, checkpoints = step
-    builder = builder_for("torch", specs_name)
+    builder = builder_for("python", specs_name)
     tables = build(builder, qsl, first, n, computed, checkpoints, padded, torch.int64 if wide else torch.int32)
     assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
 
@@ -94,15 +111,17 @@ EDGES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["python", "torch", "triton"])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("edge", list(EDGES))
 def test_edge_cases(backend, padded, edge):
+    """ "torch" builds twice: a layout's first build is the torch fill's, the next the C fill's."""
     qsl, first, n, computed, checkpoints = EDGES[edge]
     for specs_name in "ab":
         builder = builder_for(backend, specs_name)
-        tables = build(builder, qsl, first, n, computed, checkpoints, padded)
-        assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+        for _ in range(2 if backend == "torch" else 1):
+            tables = build(builder, qsl, first, n, computed, checkpoints, padded)
+            assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
 
 
 # --- bad input: a clear error, nothing written, the builder keeps working ----------------------
@@ -243,7 +262,10 @@ def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
     slots' live, and the builder working."""
     from chunkmeta import step_builder
 
-    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", ring_depth=2)
+    # the general path: a CPU builder's C build fills in C, which cannot fail midway
+    builder = python_only(
+        StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", ring_depth=2)
+    )
     q = torch.tensor([0, 3, 20], dtype=torch.int32)
     first, second = builder.build(q, q), builder.build(q, q)
     fill = step_builder.fill_entry_torch
@@ -314,8 +336,8 @@ def test_fresh_cu_seqlens_or_the_rings_views(executor):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(step=steps(), padded=st.booleans(), damage=st.sampled_from([None, "computed", "checkpoint", "offsets"]))
 def test_c_build_agrees_with_python(step, padded, damage):
-    """The C build (chunkmeta.native: checks, counts, host copies) gives the Python path's tables,
-    and refuses exactly what it refuses."""
+    """The C build (chunkmeta.native: checks, counts, host copies and, on a CPU builder, the fill)
+    gives the Python path's tables (the torch fill), and refuses exactly what it refuses."""
     qsl, first, n, computed, checkpoints = step
     if damage == "computed" and computed:
         computed = [*computed[:-1], -1]
@@ -328,7 +350,7 @@ def test_c_build_agrees_with_python(step, padded, damage):
     py_builder = python_only(StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch"))
     good = ([0, 3, 70], 0, 2, [5, 0], [0, 2])
     build(c_builder, *good[:3], *good[3:], padded)  # makes the C build of this layout
-    assert set(c_builder.c_build.values()) == {"host"}  # CPU: the host side in C, the torch fill
+    assert set(c_builder.c_build.values()) == {"c"}  # CPU: the host side and the fill in C
     c_builder._native = spy = StepSpy(c_builder._native)
     errors, results = [], []
     for builder in (c_builder, py_builder):

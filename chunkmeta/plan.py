@@ -387,22 +387,19 @@ def check_row_tensor(name: str, tensor, num_rows: int, device: torch.device) -> 
         raise ChunkMetaError(f"{name} is on {tensor.device} but the builder's buffers are on {device}.")
 
 
-_NOTHING = torch.zeros(1, dtype=torch.int64)  # an address for a per-row array of no rows
-
-
-def plain_host_tensor(tensor, min_len: int = 1):
-    """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor, else None
-    (the general path then checks it). An empty one gets an address the C build never reads."""
+def plain_host_tensor(tensor):
+    """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor of at least
+    one entry (a one-shot's host query_start_loc), else None (the general path then checks it)."""
     if (
         type(tensor) is torch.Tensor
         and tensor.is_cpu
         and tensor.dtype in _INTEGER_DTYPES
         and tensor.dim() == 1
-        and tensor.shape[0] >= min_len
+        and tensor.shape[0] >= 1
         and tensor.stride(0) == 1
         and tensor.layout is torch.strided
     ):
-        return tensor.data_ptr() or _NOTHING.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
+        return tensor.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
     return None
 
 

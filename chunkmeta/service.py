@@ -228,6 +228,13 @@ class ChunkMetaService:
         tables: dict | None = None,
         pad: str = "tail",
     ):
+        # checked before anything is allocated; any int-like (numpy's too), as a size
+        try:
+            window = operator.index(stats_window)
+        except TypeError:
+            window = 0
+        if isinstance(stats_window, bool) or window < 1:
+            raise ChunkMetaError(f"stats_window={stats_window!r}: must be an int >= 1 (builds the stats cover).")
         if tables is None:
             self.builder = ChunkMetadataBuilder(
                 max_num_seqs,
@@ -269,9 +276,7 @@ class ChunkMetaService:
         # host ns, N, T and each table's rows per build, over a window: one tuple of host ints per
         # build, stored in a list (numpy item writes and a numpy view of the host copy took more
         # host time than the build itself); stats() turns them into an array
-        if not isinstance(stats_window, int) or isinstance(stats_window, bool) or stats_window < 1:
-            raise ChunkMetaError(f"stats_window={stats_window!r}: must be an int >= 1 (builds the stats cover).")
-        self._window: list[tuple] = [()] * stats_window
+        self._window: list[tuple] = [()] * window
         self._recorded = 0
         self._thread: int | None = None  # the thread that drives steps (set on first use)
 

@@ -23,6 +23,7 @@ import torch
 
 from chunkmeta import layout as _layout
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.metadata import StepTables
 from chunkmeta.plan import check_chunk_size
 
 SLICES = ("prefill", "batch")
@@ -309,6 +310,11 @@ def check_specs(tables) -> dict:
     for name, spec in tables.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
             raise ChunkMetaError(f"table name {name!r}: must be a Python identifier not starting with '_'.")
+        if hasattr(StepTables, name):  # step.<name> would be that attribute, not the table
+            raise ChunkMetaError(
+                f"table name {name!r} is a StepTables attribute ({name}), so step.{name} would not be the table: "
+                "choose another name."
+            )
         if not isinstance(spec, SPECS):
             raise ChunkMetaError(
                 f"tables[{name!r}] is a {type(spec).__name__}: must be a chunkmeta.tables spec "

@@ -131,26 +131,33 @@ def test_stats_window_wraps():
     assert svc.stats().builds == 10 and svc.stats().window == 4
 
 
-def test_step_tables_stats_window_wraps():
-    """After the window wraps, the stats cover its last builds, and `last_*` is the newest one."""
+@pytest.mark.parametrize("builds", [6, 7, 8])
+def test_step_tables_stats_window_wraps(builds):
+    """After the window wraps, the stats cover its last builds, and `last_*` is the newest one
+    (each build's sizes distinct, the largest ones first: a stale window entry shows)."""
     svc = step_service(stats_window=3)
-    rng = np.random.default_rng(5)
-    sizes = []
-    for _ in range(7):
-        qsl, first, n, computed, checkpoints = random_step(rng, STEP_SEQS, STEP_TOKENS)
-        with svc.step(step_batch(qsl, first, n, computed, checkpoints)):
-            pass
-        sizes.append((n, qsl[first + n] - qsl[first]))
+    sizes, rows = [], None
+    for k in range(builds):
+        n = builds - k  # prefills of 10 tokens after one decode
+        qsl = [0, 1, *range(11, 11 + 10 * n, 10)]
+        with svc.step(step_batch(qsl, 1, n, [0] * (n + 1), [0] * (n + 1))) as step:
+            rows = {"fla": step.fla.num_chunks, "conv": step.conv.tot, "mamba2": step.mamba2.num_chunks}
+        sizes.append((n, 10 * n))
     stats = svc.stats()
-    assert stats.builds == 7 and stats.window == 3
-    assert (stats.last_num_seqs, stats.last_num_tokens) == sizes[-1]
-    assert stats.seqs_use == max(n for n, _ in sizes[-3:]) / STEP_SEQS
+    assert stats.builds == builds and stats.window == 3
+    assert (stats.last_num_seqs, stats.last_num_tokens) == sizes[-1] == (1, 10)
+    assert {name: stats.last_rows[name] for name in rows} == rows
+    assert stats.seqs_use == sizes[-3][0] / STEP_SEQS and stats.tokens_use == sizes[-3][1] / STEP_TOKENS
 
 
-@pytest.mark.parametrize("window", [0, -1, 2.0, True, None])
+@pytest.mark.parametrize("window", [0, -1, 2.0, True, None, np.int64(0)])
 def test_bad_stats_window(window):
     with pytest.raises(ChunkMetaError, match="stats_window"):
         ChunkMetaService(8, 2000, device="cpu", stats_window=window)
+
+
+def test_stats_window_takes_numpy_ints():
+    assert ChunkMetaService(8, 2000, device="cpu", stats_window=np.int64(4)).stats().window == 0
 
 
 def test_stats_before_any_build():

@@ -210,6 +210,9 @@ def test_bad_specs():
         StepTablesBuilder(4, 64, tables={"fla": "fla"}, device="cpu")
     with pytest.raises(ChunkMetaError, match="identifier"):
         StepTablesBuilder(4, 64, tables={"_x": T.Fla()}, device="cpu")
+    for taken in ("num_tokens", "num_seqs", "padded", "generation", "names", "is_live", "retire"):
+        with pytest.raises(ChunkMetaError, match=f"table name '{taken}' is a StepTables attribute"):
+            StepTablesBuilder(4, 64, tables={taken: T.Fla()}, device="cpu")
     with pytest.raises(ChunkMetaError, match="chunk_size=48"):
         T.Mamba2(chunk_size=48)
     with pytest.raises(ChunkMetaError, match="rows='decode'"):
@@ -627,8 +630,10 @@ def test_graph_mode_bad_input_stages_nothing():
     five = torch.arange(5, dtype=torch.int32)
     with pytest.raises(ChunkMetaError, match="static query_start_loc buffer holds 4"):
         short.prepare(five, num_computed_tokens_cpu=five[:-1] * 0, checkpoint_offsets_cpu=five[:-1] * 0)
+    short.builder._native = spy = StepSpy(short.builder._native)
     fits = short.prepare(five[:4], num_computed_tokens_cpu=five[:3] * 0, checkpoint_offsets_cpu=five[:3] * 0)
-    assert fits.num_seqs == 3
+    assert fits.num_seqs == 3 and spy.took == [True]  # a batch the buffer holds exactly: the C call's
+    short.builder._native = spy.module
     with pytest.raises(ChunkMetaError, match="replay\\(\\) before capture"):
         graph.replay(q, num_computed_tokens_cpu=c, checkpoint_offsets_cpu=c * 0)
     with pytest.raises(ChunkMetaError, match="num_computed_tokens must be"):

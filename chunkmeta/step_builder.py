@@ -275,10 +275,11 @@ class StepTablesBuilder:
             if made is not None:
                 self._set_steps(key, (made, name))
                 return
-        # no kernel the C build packs: on a CPU builder the C build fills the tables itself (serially,
-        # microseconds where the torch fill's ops take a millisecond), else the host side only
-        # (the fill then launches from Python)
-        cpu_fill = self.device.type == "cpu"
+        # no kernel the C build packs: a CPU builder of the torch fill has the C build fill the tables
+        # itself (serially, microseconds where the torch fill's ops take a millisecond), else the
+        # host side only (the fill then launches from Python: Triton's interpreter stays the kernel
+        # a CPU "triton" builder runs, which is how the CPU suite tests the kernel)
+        cpu_fill = self.device.type == "cpu" and self.backend == "torch"
         made = self.native_steps(0, 1, 1, 0, padded, arenas, cu_hosts, cpu_fill=cpu_fill)
         self._set_steps(key, (made, "c" if cpu_fill else None) if made is not None else False)
 

@@ -60,7 +60,7 @@ BUILDERS = {}
 def builder_for(backend, specs_name, pad="tail"):
     """A CPU builder, kept across examples. ``backend`` "torch": after a layout's first build the C
     build fills the tables (``c_build`` "c"); "python": the torch fill every build (no C build);
-    "triton": the interpreted kernel."""
+    "triton": the interpreted kernel every build (the C build does the host side)."""
     key = (backend, specs_name, pad)
     if key not in BUILDERS:
         specs = SPECS if specs_name == "a" else SPECS_B
@@ -71,12 +71,19 @@ def builder_for(backend, specs_name, pad="tail"):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(step=steps(), specs_name=st.sampled_from("ab"), padded=st.booleans(), wide=st.booleans())
-def test_c_fill_equals_reference(step, specs_name, padded, wide):
+@given(
+    step=steps(),
+    specs_name=st.sampled_from("ab"),
+    padded=st.booleans(),
+    wide=st.booleans(),
+    pad=st.sampled_from(["tail", "negative", "past_end"]),
+)
+def test_c_fill_equals_reference(step, specs_name, padded, wide, pad):
     """A CPU builder's C build fills the tables itself (chunkmeta.native's cpu_fill_entry, the
-    step kernel's logic run serially): exact, in both layouts, for int32 and int64 inputs."""
+    step kernel's logic run serially): exact, in both layouts and every FLA padding, for int32
+    and int64 inputs."""
     qsl, first, n, computed, checkpoints = step
-    builder = builder_for("torch", specs_name)
+    builder = builder_for("torch", specs_name, pad)
     tables = build(builder, qsl, first, n, computed, checkpoints, padded, torch.int64 if wide else torch.int32)
     assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
     assert set(builder.c_build.values()) == {"c"}
@@ -98,6 +105,7 @@ def test_triton_kernel_equals_reference(step, specs_name, padded):
     builder = builder_for("triton", specs_name, pad="negative" if padded else "tail")
     tables = build(builder, qsl, first, n, computed, checkpoints, padded)
     assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    assert set(builder.c_build.values()) == {"host"}  # the interpreted kernel ran, every build
 
 
 EDGES = {

@@ -3,8 +3,9 @@
 ``chunkmeta/csrc/step_fill.cu`` (launched by chunkmeta.native's step build on an NVIDIA GPU) is
 compiled here by the host C++ compiler through tests/support/step_host.cpp (CUDA's built-ins as
 host code: tests/support/cuda_host.h), with the constants ``CudaStepFill`` gives NVRTC, under
-AddressSanitizer and UBSan. Each case's arena must equal, byte for byte, the one the torch fill
-writes for the same step (``StepTablesBuilder(backend="torch")``, itself checked against
+AddressSanitizer and UBSan. Each case's arena must equal, byte for byte, the one a CPU builder
+writes for the same step (``StepTablesBuilder(backend="torch")``: the torch fill on a layout's
+first build, then the C build's own fill, ``cpu_fill_entry``; both checked against
 ``chunkmeta.reference`` in tests/core/test_step_tables.py), and its tables are checked against the
 reference too. Covered: every entry kind, exact and padded layouts, int32 and int64 inputs,
 capacities with one to many sequences per thread. Without a C++20 compiler every test skips.

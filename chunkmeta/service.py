@@ -228,12 +228,8 @@ class ChunkMetaService:
         tables: dict | None = None,
         pad: str = "tail",
     ):
-        # checked before anything is allocated; any int-like (numpy's too), as a size
-        try:
-            window = operator.index(stats_window)
-        except TypeError:
-            window = 0
-        if isinstance(stats_window, bool) or window < 1:
+        window = _plan.index_arg("stats_window", stats_window)  # checked before anything is allocated
+        if window < 1:
             raise ChunkMetaError(f"stats_window={stats_window!r}: must be an int >= 1 (builds the stats cover).")
         if tables is None:
             self.builder = ChunkMetadataBuilder(

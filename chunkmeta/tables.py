@@ -312,8 +312,8 @@ def check_specs(tables) -> dict:
             raise ChunkMetaError(f"table name {name!r}: must be a Python identifier not starting with '_'.")
         if hasattr(StepTables, name):  # step.<name> would be that attribute, not the table
             raise ChunkMetaError(
-                f"table name {name!r} is a StepTables attribute ({name}), so step.{name} would not be the table: "
-                "choose another name."
+                f"table name {name!r} is a StepTables attribute: step.{name} would be that attribute, not the "
+                "table; choose another name."
             )
         if not isinstance(spec, SPECS):
             raise ChunkMetaError(

@@ -827,6 +827,21 @@ static PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t
   return capsule;
 }
 
+/* The chunks of sequence s of a slice (q: the slice's offsets, base: q[0]) in an entry's chunk
+   grid: its tokens start at 0 (base_kind 0), at their packed position from the slice's start (1)
+   or after the request's computed tokens (2), and with `split` they are cut in two at its
+   checkpoint. computed / checkpoints: the per-request arrays, `row` the request's index there.
+   run_step counts rows with it, cpu_fill_entry finds each row's sequence. */
+static int64_t sequence_chunks(const void *q, int q64, int64_t base, int64_t s, int base_kind, int shift, int split,
+                               const void *computed, int computed64, const void *checkpoints, int checkpoints64,
+                               int64_t row) {
+  const int64_t start = load(q, q64, s), len = load(q, q64, s + 1) - start;
+  const int64_t pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : load(computed, computed64, row);
+  const int64_t cut = split ? load(checkpoints, checkpoints64, row) : 0;
+  return cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
+                 : segment_chunks(pos, len, shift);
+}
+
 /* One entry of the step kernel on a CPU builder's arena, serially: what step_fill.cu's run_entry
    writes (the same tables, padding and untouched entries), its sequences' chunk ends in st->ends.
    q: the slice's query_start_loc (n + 1 entries from `first`), computed / checkpoints: every
@@ -839,11 +854,8 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
   const int64_t base = load(q, q64, 0), num_tokens = load(q, q64, n) - base;
   int64_t *ends = st->ends, num_chunks = 0;
   for (int64_t s = 0; s < n; s++) {
-    const int64_t start = load(q, q64, s), len = load(q, q64, s + 1) - start;
-    const int64_t pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : load(computed, computed64, first + s);
-    const int64_t cut = split ? load(checkpoints, checkpoints64, first + s) : 0;
-    num_chunks += cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
-                          : segment_chunks(pos, len, shift);
+    num_chunks += sequence_chunks(q, q64, base, s, base_kind, shift, split, computed, computed64, checkpoints,
+                                  checkpoints64, first + s);
     ends[s] = num_chunks;
   }
   char *r0 = arena + st->off[j][0], *r1 = arena + st->off[j][1], *r2 = arena + st->off[j][2],
@@ -862,7 +874,8 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
       ((int32_t *)r2)[s] = (int32_t)(end - 1);
       if (split) {
         int64_t mark = 0, cut = real ? load(checkpoints, checkpoints64, first + s) : 0;
-        if (cut > 0) mark = (s ? ends[s - 1] : 0) + segment_chunks(load(computed, computed64, first + s), cut, shift) - 1;
+        if (cut > 0)
+          mark = (s ? ends[s - 1] : 0) + segment_chunks(load(computed, computed64, first + s), cut, shift) - 1;
         ((int64_t *)r3)[s] = mark;
       }
     } else if (kind == LOGICAL && flag) {
@@ -988,13 +1001,9 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
       int split = st->kind[j] == MAMBA2 && st->flag[j] && rows_checkpoints;
       if (st->base[j] == 2 && !rows_computed) return PyLong_FromLong(-1);
       int64_t total = 0;
-      for (int64_t i = 0; i < sn; i++) {
-        int64_t lo = load(sq, is64, i), len = load(sq, is64, i + 1) - lo;
-        int64_t pos = st->base[j] == 1 ? lo - s0 : load(rows_computed, (int)c[1], i);
-        int64_t k = split ? load(rows_checkpoints, (int)c[3], i) : 0;
-        total += k > 0 ? segment_chunks(pos, k, st->shift[j]) + segment_chunks(pos + k, len - k, st->shift[j])
-                       : segment_chunks(pos, len, st->shift[j]);
-      }
+      for (int64_t i = 0; i < sn; i++)
+        total += sequence_chunks(sq, is64, s0, i, st->base[j], st->shift[j], split, rows_computed, (int)c[1],
+                                 rows_checkpoints, (int)c[3], i);
       counts[j] = total;
     }
     rows[j] = st->padded ? st->rows_pad[j] : counts[j];

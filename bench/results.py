@@ -226,6 +226,7 @@ def demo_figures(log: str) -> dict:
         "T": "num_tokens",
         "NT": "num_chunks",
         "host_us": "host_us",
+        "b2b_us": "back_to_back_us",
         "fla_us": "fla_us",
         "dev_us": "device_us",
         "match": "match",
@@ -242,8 +243,10 @@ def demo_figures(log: str) -> dict:
     patterns = {
         r"steps: (\d+)\s+mismatches: (\d+)": ("steps", "mismatches"),
         r"chunkmeta host us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("host_us_p50", "host_us_p99"),
-        r"FLA .*?host us: p50 ([\d.]+)\s+p99 ([\d.]+)": ("fla_us_p50", "fla_us_p99"),
+        r"back to back p50 ([\d.]+)": ("host_back_to_back_us_p50",),
+        r"FLA .*?host us(?: \(back to back\))?: p50 ([\d.]+)\s+p99 ([\d.]+)": ("fla_us_p50", "fla_us_p99"),
         r"chunkmeta is ([\d.]+)x faster at p50": ("speedup_p50",),
+        r"([\d.]+)x faster back to back": ("speedup_back_to_back_p50",),
         r"chunkmeta device us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("device_us_p50", "device_us_p99"),
         r"device: (\S+)": ("device",),
         r"backend: (\S+)": ("backend",),
@@ -342,6 +345,10 @@ def record_from_stage(kind: str, file: str, out: str, command: str) -> int:
 
 def _f(value, digits=1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _times(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}x"
 
 
 def _range(values, digits=1, suffix="") -> str:
@@ -788,6 +795,15 @@ STEP_COLUMNS = [
 ]
 
 
+_STEP_RATIOS = (  # step_tables' ratio keys (idle; "_cold" the cold ones) and their column heads
+    ("ratio_kda_gdn", "vLLM / chunkmeta KDA-GDN step"),
+    ("ratio_kda_gdn_vllm", "vLLM / chunkmeta KDA-GDN step as the vLLM adapter builds it"),
+    ("ratio_kda_gdn_new_batch", "vLLM / chunkmeta KDA-GDN step, a new batch every call"),
+    ("ratio_mamba2", "vLLM / chunkmeta Mamba2 step"),
+    ("ratio_mamba2_new_batch", "vLLM / chunkmeta Mamba2 step, a new batch every call"),
+)
+
+
 def _render_step_tables(records: list[dict]) -> list[str]:
     latest = _latest(records, "step_tables")
     if latest is None:
@@ -829,20 +845,12 @@ def _render_step_tables(records: list[dict]) -> list[str]:
         load = f"{row['decodes']} + {row['prefills']} x {row['tokens']}"
         ratios = [
             f"{row[key]:.1f}x" + (f" / {row[key + '_cold']:.1f}x" if key + "_cold" in row else "")
-            for key in ("ratio_kda_gdn", "ratio_kda_gdn_vllm", "ratio_mamba2")
+            for key, _ in _STEP_RATIOS
             if key in row
         ]
         rows.append([load, *cells, *ratios, "yes" if row["exact"] else "NO"])
     first = f["rows"][0]
-    ratio_heads = [
-        head
-        for key, head in (
-            ("ratio_kda_gdn", "vLLM / chunkmeta KDA-GDN step"),
-            ("ratio_kda_gdn_vllm", "vLLM / chunkmeta KDA-GDN step as the vLLM adapter builds it"),
-            ("ratio_mamba2", "vLLM / chunkmeta Mamba2 step"),
-        )
-        if key in first
-    ]
+    ratio_heads = [head for key, head in _STEP_RATIOS if key in first]
     return out + _table(["decodes + prefills x tokens", *methods, *ratio_heads, "exact"], rows)
 
 
@@ -1138,8 +1146,10 @@ def _render_demo(records: list[dict]) -> list[str]:
             r["figures"]["mismatches"],
             r["figures"].get("backend", "n/a"),
             f"{_f(r['figures'].get('host_us_p50'))} / {_f(r['figures'].get('host_us_p99'))}",
+            _f(r["figures"].get("host_back_to_back_us_p50")),
             f"{_f(r['figures'].get('fla_us_p50'))} / {_f(r['figures'].get('fla_us_p99'))}",
-            _f(r["figures"].get("speedup_p50")) + "x",
+            _times(r["figures"].get("speedup_p50")),
+            _times(r["figures"].get("speedup_back_to_back_p50")),
             f"{_f(r['figures'].get('device_us_p50'), 2)} / {_f(r['figures'].get('device_us_p99'), 2)}",
             _note(r),
         ]
@@ -1158,9 +1168,11 @@ def _render_demo(records: list[dict]) -> list[str]:
             "steps",
             "mismatches",
             "backend",
-            "host µs per build p50 / p99",
+            "host µs per build p50 / p99 (cold: after a reference check)",
+            "back to back p50",
             "FLA prepare_* µs p50 / p99",
-            "speed-up p50",
+            "speed-up p50 (cold)",
+            "back to back",
             "device µs p50 / p99",
             "note",
         ],

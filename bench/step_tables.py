@@ -16,6 +16,11 @@ chunkmeta (one ``StepTablesBuilder.build``, one launch each):
 * ``chunkmeta_kda_gdn_vllm``  the same tables as the vLLM adapter asks for them: no fresh
                          ``cu_seqlens`` (vLLM's layers get vLLM's own; ``tables.Fla``);
 * ``chunkmeta_mamba2``   vLLM's Mamba2 SSD chunks + conv1d blocks of the prefill rows;
+* ``chunkmeta_kda_gdn_new_batch`` / ``chunkmeta_mamba2_new_batch``  the same builds on a new
+                         batch of the workload's shape every call (other prompt lengths and
+                         cached prefixes, never repeated), as an engine's steps come: a table
+                         whose row count is new makes its view (the others repeat the same batch,
+                         whose views are cached);
 * ``chunkmeta_oneshot``  ``build_chunk_metadata`` (fresh tensors, the FLA prefill tables).
 
 The engines' own functions, called from their packages where they import:
@@ -137,14 +142,16 @@ def measure(methods: dict, rounds: int, calls: int) -> dict:
     ``../shared/ANCHORS.md`` defines it; the first of each block left out), cold (that first
     call, right after the other methods ran: caches hold their code and data, as in an engine
     step), and busy (one call behind ~1 ms of queued GPU work). Methods interleaved round by round,
-    the order rotating each round: a method that shares code with the one before it (two
-    chunkmeta builds) would otherwise make its "cold" call warm in every round."""
+    in a new (seeded) random order each round: a method that shares code with the one before it
+    (two chunkmeta builds) makes its "cold" call warm, and a fixed or rotated order keeps the same
+    neighbours every round."""
     idle = {name: [] for name in methods}
     cold = {name: [] for name in methods}
     busy = {name: [] for name in methods}
     names = list(methods)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
+    shuffle = np.random.default_rng(0)
+    for _ in range(rounds):
+        order = [names[k] for k in shuffle.permutation(len(names))]
         for name in order:
             samples = [host_us(methods[name]) for _ in range(calls)]
             cold[name].append(samples[0])
@@ -197,9 +204,23 @@ def main(argv: list[str]) -> int:
         device="cuda",
     )
     rows = []
+    # each new-batch method's calls: every measured one, its warm-up, and spares
+    new_batches = args.rounds * (args.calls + 1) + 8
     for decodes, prefills, tokens in WORKLOADS:
         qsl_cpu, computed_cpu = make_case(decodes, prefills, tokens, seed=decodes + prefills)
         qsl, computed = qsl_cpu.cuda(), computed_cpu.cuda()
+        cases = [make_case(decodes, prefills, tokens, seed=1000 + k) for k in range(new_batches)]
+        on_device = [(q, q.cuda(), c, c.cuda()) for q, c in cases]
+        kda_batches, mamba2_batches = iter(on_device), iter(on_device)
+
+        def kda_gdn_new_batch():
+            q_cpu, q, _, _ = next(kda_batches)
+            return kda_gdn.build(q, q_cpu, first_seq=decodes)
+
+        def mamba2_new_batch():
+            q_cpu, q, c_cpu, c = next(mamba2_batches)
+            return mamba2.build(q, q_cpu, first_seq=decodes, num_computed_tokens=c, num_computed_tokens_cpu=c_cpu)
+
         prefill_cpu = (qsl_cpu[decodes:] - qsl_cpu[decodes]).contiguous()
         prefill = prefill_cpu.cuda()
         fla_host, rocm_style, floor = anchors.fla_host(64), anchors.rocm_style(64), anchors.floor(64)
@@ -209,6 +230,8 @@ def main(argv: list[str]) -> int:
             "chunkmeta_mamba2": lambda: mamba2.build(
                 qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
             ),
+            "chunkmeta_kda_gdn_new_batch": kda_gdn_new_batch,
+            "chunkmeta_mamba2_new_batch": mamba2_new_batch,
             "chunkmeta_oneshot": lambda: build_chunk_metadata(prefill, prefill_cpu),
             "fla_host": lambda: fla_host(prefill.detach(), prefill_cpu),
             "rocm_style": lambda: rocm_style(prefill, prefill_cpu),
@@ -258,6 +281,8 @@ def main(argv: list[str]) -> int:
                 row[f"ratio_kda_gdn{suffix}"] = kda_step / figures["chunkmeta_kda_gdn"][key]
                 row[f"ratio_kda_gdn_vllm{suffix}"] = kda_step / figures["chunkmeta_kda_gdn_vllm"][key]
                 row[f"ratio_mamba2{suffix}"] = ssd_step / figures["chunkmeta_mamba2"][key]
+                row[f"ratio_kda_gdn_new_batch{suffix}"] = kda_step / figures["chunkmeta_kda_gdn_new_batch"][key]
+                row[f"ratio_mamba2_new_batch{suffix}"] = ssd_step / figures["chunkmeta_mamba2_new_batch"][key]
         rows.append(row)
         line = ", ".join(
             f"{name} {m['host_idle_us']:.1f}/{m['host_cold_us']:.1f}/{m['host_busy_us']:.1f}"

@@ -186,6 +186,7 @@ class TableRing(SlotLedger):
         self.host = {name: torch.zeros(depth, host_entries, dtype=torch.int32) for name in host_names}
         self.host_np = {name: t.numpy() for name, t in self.host.items()}
         self.views: dict[tuple, torch.Tensor] = {}
+        self._bases: dict[tuple, torch.Tensor] = {}
 
     def pointer(self, slot: int) -> int:
         return self._pointers[slot]
@@ -206,12 +207,17 @@ class TableRing(SlotLedger):
         if view is None:
             if len(self.views) >= VIEW_CACHE_LIMIT:
                 self.views.clear()
+            # one slice per view (two for ROW): most steps make one for each table whose row count is new
+            base = self.view_base(slot, region, shape)
+            view = self.views[key] = base[:count].view(1, count) if shape == ROW else base[:count]
+        return view
+
+    def view_base(self, slot: int, region, shape: int) -> torch.Tensor:
+        """What ``make_view`` slices a ``count``-entry view of: the region, as pairs for ``PAIRS``."""
+        base = self._bases.get((slot, region, shape))
+        if base is None:
             base = self.host[region][slot] if isinstance(region, str) else self._regions[slot][region]
             if shape == PAIRS:
-                view = base[: 2 * count].view(count, 2)
-            elif shape == ROW:
-                view = base[:count].view(1, count)
-            else:
-                view = base[:count]
-            self.views[key] = view
-        return view
+                base = base[: base.shape[0] // 2 * 2].view(-1, 2)
+            self._bases[(slot, region, shape)] = base
+        return base

@@ -219,7 +219,7 @@ def test_report_names_the_backend_auto_chose_and_points_to_the_gpu_figures(tmp_p
     path.write_text(GOOD + "\n" + step(query_start_loc=[0, 100, 228]) + "\n")
     assert main(["--trace", str(path), "--no-fla", "--repeats", "1", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == "step N T fla fla_batch conv mamba2 mamba2_conv host_us match".split()
+    assert lines[0].split() == "step N T fla fla_batch conv mamba2 mamba2_conv host_us b2b_us match".split()
     per_table = "(fla 0, fla_batch 0, conv 0, mamba2 0, mamba2_conv 0)"
     assert f"mismatches: 0 {per_table}  device: cpu  backend: torch (chosen by auto)" in "\n".join(lines)
     assert "bench/RESULTS.md" in lines[-1] and "docs/gpu.md" in lines[-1]
@@ -259,11 +259,11 @@ def test_every_table_set_replays_through_the_service(tmp_path, capsys, tables, n
     assert main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["step", "N", "T", *names.split(), "host_us", "match"]
+    assert lines[0].split() == ["step", "N", "T", *names.split(), "host_us", "b2b_us", "match"]
     per_table = ", ".join(f"{name} 0" for name in names.split())
     assert f"steps: 4  mismatches: 0 ({per_table})" in out
     assert f"tables: {tables} = " in out and "through ChunkMetaService, strict" in out
-    assert "service stats: 12 builds" in out  # (1 warm-up + 2 timed) x 4 steps, through the hooks
+    assert "service stats: 20 builds" in out  # (1 warm-up + 2 checked + 2 back to back) x 4 steps, through the hooks
     if "mamba2" in names:
         assert "num_computed_tokens: from the trace in 3 of 4 steps (0 for every request in the other 1)" in out
     else:

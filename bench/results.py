@@ -244,6 +244,11 @@ def demo_figures(log: str) -> dict:
         r"steps: (\d+)\s+mismatches: (\d+)": ("steps", "mismatches"),
         r"chunkmeta host us per build: p50 ([\d.]+)\s+p99 ([\d.]+)": ("host_us_p50", "host_us_p99"),
         r"back to back p50 ([\d.]+)": ("host_back_to_back_us_p50",),
+        r"service stats: (\d+) builds, host us p50 ([\d.]+)\s+p99 ([\d.]+)": (
+            "service_builds",
+            "service_host_us_p50",
+            "service_host_us_p99",
+        ),
         r"FLA .*?host us(?: \(back to back\))?: p50 ([\d.]+)\s+p99 ([\d.]+)": ("fla_us_p50", "fla_us_p99"),
         r"chunkmeta is ([\d.]+)x faster at p50": ("speedup_p50",),
         r"([\d.]+)x faster back to back": ("speedup_back_to_back_p50",),
@@ -258,7 +263,7 @@ def demo_figures(log: str) -> dict:
                 figures[name] = (
                     value
                     if name in ("device", "backend")
-                    else (int(value) if name in ("steps", "mismatches") else float(value))
+                    else (int(value) if name in ("steps", "mismatches", "service_builds") else float(value))
                 )
     if "steps" not in figures:
         raise ValueError("no 'steps: N  mismatches: M' line in the demo log")

@@ -209,6 +209,7 @@ class TableRing(SlotLedger):
                 self.views.clear()
             # one slice per view (two for ROW): most steps make one for each table whose row count is new
             base = self.view_base(slot, region, shape)
+            assert 0 <= count <= base.shape[0], (region, count, base.shape)  # a slice would clip, not raise
             view = self.views[key] = base[:count].view(1, count) if shape == ROW else base[:count]
         return view
 

@@ -7,8 +7,9 @@ the same plan. A *recipe* says, once per builder and layout, where every field o
 comes from; an executor makes the objects of one build from it: ``chunkmeta.native``'s
 ``results`` (one C call, the objects' slots set directly: the per-build object making is most
 of a step build's host time in Python), or ``python_results`` (the same recipe, where the
-extension does not load). Both read views from one cache, ``views``, keyed
-``(slot, region, count, shape)``, and call ``make_view`` on a miss.
+extension does not load). Both read views from one cache, the ring's ``views``, keyed
+``(slot, region, count, shape)``; on a miss the Python one calls the ring's ``make_view``, the C
+one slices the ring's ``view_base`` as ``make_view`` does (``ROW`` views: ``make_view``).
 
 A recipe is ``(outputs, top)``: ``outputs`` a tuple of ``(name, cls, fields)``, ``top`` the
 ``StepTables``' ``(cls, fields)``; ``fields`` one tuple per attrs field of ``cls``, in order:
@@ -154,20 +155,25 @@ def _check_fields(cls, fields) -> tuple:
     return tuple(fields)
 
 
-def results_maker(recipe, views: dict, make_view, lease, module):
-    """``(slot, generation, counts, facts) -> StepTables`` for ``recipe``: the C executor of
-    ``module`` (``chunkmeta.native.module()``), or ``python_results`` where it is None."""
+def results_maker(recipe, ring, lease, module):
+    """``(slot, generation, counts, facts) -> StepTables`` for ``recipe`` over ``ring``'s views
+    (a ``chunkmeta.ring.TableRing``): the C executor of ``module`` (``chunkmeta.native.module()``),
+    which makes a missing view from the ring's ``view_base`` itself, or ``python_results`` where
+    it is None."""
     if module is not None:
         outputs, (top_cls, top_fields) = recipe
         compiled = module.make_results(
             tuple((name, cls, _descriptors(cls), fields) for name, cls, fields in outputs),
             (top_cls, _descriptors(top_cls), top_fields),
-            views,
-            make_view,
+            ring.views,
+            ring.make_view,
+            ring.view_base,
+            ring.depth,
+            ring.view_limit,
             lease,
         )
         return functools.partial(module.results, compiled)  # no Python frame per build
-    return python_results(recipe, views, make_view, lease)
+    return python_results(recipe, ring.views, ring.make_view, lease)
 
 
 def _descriptors(cls) -> tuple:

@@ -186,6 +186,7 @@ class TableRing(SlotLedger):
         self.host = {name: torch.zeros(depth, host_entries, dtype=torch.int32) for name in host_names}
         self.host_np = {name: t.numpy() for name, t in self.host.items()}
         self.views: dict[tuple, torch.Tensor] = {}
+        self.view_limit = VIEW_CACHE_LIMIT  # the C executor clears ``views`` at the same size
         self._bases: dict[tuple, torch.Tensor] = {}
 
     def pointer(self, slot: int) -> int:
@@ -205,7 +206,7 @@ class TableRing(SlotLedger):
         key = (slot, region, count, shape)
         view = self.views.get(key)
         if view is None:
-            if len(self.views) >= VIEW_CACHE_LIMIT:
+            if len(self.views) >= self.view_limit:
                 self.views.clear()
             # one slice per view (two for ROW): most steps make one for each table whose row count is new
             base = self.view_base(slot, region, shape)

@@ -459,7 +459,7 @@ class StepTablesBuilder:
         (graph mode passes its static ring, and itself as the lease), in C where the builder's
         C build is loaded."""
         recipe = _results.step_recipe(self.specs, self.layout, padded, self._fla_seqs_pad, self.pad, self.capacity.seqs)
-        return _results.results_maker(recipe, ring.views, ring.make_view, lease, self._native)
+        return _results.results_maker(recipe, ring, lease, self._native)
 
     def _make_results(self) -> dict:
         """padded -> (slot, generation, counts, facts) -> StepTables (``chunkmeta.results``)."""

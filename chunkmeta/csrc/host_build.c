@@ -453,8 +453,12 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
 /* ---- a step build's result objects, from a recipe (chunkmeta.results) ------------------ */
 /* make_results compiles a recipe once (every field's op and operands, each class's slot
    descriptors, checked then); results() makes one build's objects from it: the step's views
-   from the view cache (make_view on a miss), its host ints from the plan's tuples. The ops are
-   chunkmeta.results' (its docstring states them; python_results is the same in Python). */
+   from the view cache, its host ints from the plan's tuples. A view the cache lacks is one
+   slice of its base (the ring's view_base, fetched per slot at compile time; make_view's
+   `base[:count]`), put in the cache as make_view puts it: most steps make a view for each table
+   whose row count is new, and make_view's Python frame cost as much again as the slice. ROW
+   views (two calls) go through make_view. The ops are chunkmeta.results' (its docstring
+   states them; python_results is the same in Python). */
 enum { R_CONST, R_ITEM, R_VIEW, R_GENERATION, R_LEASE, R_SLOT, R_TABLES };
 enum { R_COUNTS, R_FACTS, R_FIXED };
 #define MAX_FIELDS 16
@@ -463,7 +467,9 @@ enum { R_COUNTS, R_FACTS, R_FIXED };
 typedef struct {
   int op, shape, fresh, source, index, when;
   long long add;
-  PyObject *obj; /* R_CONST: the value; R_VIEW: the region (an offset or a host buffer's name) */
+  PyObject *obj;   /* R_CONST: the value; R_VIEW: the region (an offset or a host buffer's name) */
+  PyObject **base; /* R_VIEW but ROW: the region's view base per slot, or NULL (make_view) */
+  Py_ssize_t base_len;
 } Field;
 
 typedef struct {
@@ -478,7 +484,9 @@ typedef struct {
   int outputs;
   Output out[MAX_OUTPUTS + 1]; /* the tables, then the StepTables that holds them */
   Py_ssize_t need[2];          /* the counts / facts tuples' least lengths */
-  PyObject *views, *make_view, *lease, *shapes[3];
+  PyObject *views, *make_view, *view_base, *lease, *shapes[3];
+  int depth;           /* the ring's slots: every base array's length */
+  Py_ssize_t limit;    /* the view cache's entries, at most (chunkmeta.ring.VIEW_CACHE_LIMIT) */
 } Results;
 
 static void free_results(PyObject *capsule) {
@@ -489,19 +497,45 @@ static void free_results(PyObject *capsule) {
     Py_XDECREF(out->cls);
     Py_XDECREF(out->name);
     for (int i = 0; i < out->fields; i++) {
+      Field *f = &out->field[i];
       Py_XDECREF(out->descriptors[i]);
-      Py_XDECREF(out->field[i].obj);
+      Py_XDECREF(f->obj);
+      if (f->base) {
+        for (int k = 0; k < r->depth; k++) Py_XDECREF(f->base[k]);
+        PyMem_Free(f->base);
+      }
     }
   }
   Py_XDECREF(r->views);
   Py_XDECREF(r->make_view);
+  Py_XDECREF(r->view_base);
   Py_XDECREF(r->lease);
   for (int i = 0; i < 3; i++) Py_XDECREF(r->shapes[i]);
   PyMem_Free(r);
 }
 
 /* One output (cls, descriptors, fields) into out; 0, or -1 with an error. top: the StepTables. */
-static int compile_output(PyObject *cls, PyObject *descriptors, PyObject *fields, int top, Output *out,
+/* A VIEW field's bases, one per slot (view_base(slot, region, shape)); 0, or -1 with an error. */
+static int view_bases(Results *r, Field *field) {
+  if (field->shape == 2) return 0; /* ROW: make_view */
+  if (!(field->base = PyMem_Calloc(r->depth, sizeof(PyObject *)))) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (int k = 0; k < r->depth; k++) {
+    PyObject *slot = PyLong_FromLong(k);
+    field->base[k] = slot ? PyObject_CallFunctionObjArgs(r->view_base, slot, field->obj, r->shapes[field->shape], NULL)
+                          : NULL;
+    Py_XDECREF(slot);
+    if (!field->base[k]) return -1;
+    Py_ssize_t len = PyObject_Length(field->base[k]);
+    if (len < 0) return -1;
+    field->base_len = k ? (len < field->base_len ? len : field->base_len) : len;
+  }
+  return 0;
+}
+
+static int compile_output(Results *r, PyObject *cls, PyObject *descriptors, PyObject *fields, int top, Output *out,
                           Py_ssize_t *need) {
   if (!PyType_Check(cls) || !PyTuple_Check(descriptors) || !PyTuple_Check(fields) ||
       PyTuple_GET_SIZE(descriptors) != PyTuple_GET_SIZE(fields) || PyTuple_GET_SIZE(fields) > MAX_FIELDS) {
@@ -551,6 +585,7 @@ static int compile_output(PyObject *cls, PyObject *descriptors, PyObject *fields
         }
         ok = ok && field->shape >= 0 && field->shape < 3 && field->fresh >= 0 && field->source >= R_COUNTS &&
              field->source <= R_FIXED && field->index >= 0 && field->when >= -1;
+        if (ok && !PyErr_Occurred() && view_bases(r, field)) return -1;
         break;
       case R_GENERATION:
       case R_LEASE:
@@ -573,12 +608,21 @@ static int compile_output(PyObject *cls, PyObject *descriptors, PyObject *fields
   return 0;
 }
 
-/* make_results(outputs, top, views, make_view, lease) -> capsule. outputs: ((name, cls,
-   descriptors, fields), ...); top: (cls, descriptors, fields), the StepTables. */
+/* make_results(outputs, top, views, make_view, view_base, depth, limit, lease) -> capsule.
+   outputs: ((name, cls, descriptors, fields), ...); top: (cls, descriptors, fields), the
+   StepTables; views, make_view, view_base, depth: the ring's; limit: its cache's entries. */
 static PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) > MAX_OUTPUTS || !PyTuple_Check(args[1]) ||
-      PyTuple_GET_SIZE(args[1]) != 3 || !PyDict_Check(args[2]) || !PyCallable_Check(args[3])) {
-    PyErr_SetString(PyExc_TypeError, "make_results(outputs, top, views: dict, make_view, lease)");
+  long long sizes[2];
+  if (nargs != 8 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) > MAX_OUTPUTS || !PyTuple_Check(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != 3 || !PyDict_Check(args[2]) || !PyCallable_Check(args[3]) ||
+      !PyCallable_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "make_results(outputs, top, views: dict, make_view, view_base, depth, limit, lease)");
+    return NULL;
+  }
+  if (int_args(args + 5, 2, 2, sizes)) return NULL;
+  if (sizes[0] < 1 || sizes[0] > MAX_SLOTS || sizes[1] < 1) {
+    PyErr_SetString(PyExc_ValueError, "make_results: depth must be 1..64 and limit positive");
     return NULL;
   }
   Results *r = PyMem_Calloc(1, sizeof(Results));
@@ -590,7 +634,10 @@ static PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize
   }
   r->views = Py_NewRef(args[2]);
   r->make_view = Py_NewRef(args[3]);
-  r->lease = Py_NewRef(args[4]);
+  r->view_base = Py_NewRef(args[4]);
+  r->depth = (int)sizes[0];
+  r->limit = (Py_ssize_t)sizes[1];
+  r->lease = Py_NewRef(args[7]);
   for (int i = 0; i < 3; i++)
     if (!(r->shapes[i] = PyLong_FromLong(i))) goto fail;
   Py_ssize_t outputs = PyTuple_GET_SIZE(args[0]);
@@ -602,13 +649,13 @@ static PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize
     }
     r->outputs = (int)o + 1;
     r->out[o].name = Py_NewRef(PyTuple_GET_ITEM(item, 0));
-    if (compile_output(PyTuple_GET_ITEM(item, 1), PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), 0,
+    if (compile_output(r, PyTuple_GET_ITEM(item, 1), PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), 0,
                        &r->out[o], r->need))
       goto fail;
   }
   r->outputs = (int)outputs;
   Output *top = &r->out[outputs];
-  if (compile_output(PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_ITEM(args[1], 1), PyTuple_GET_ITEM(args[1], 2), 1,
+  if (compile_output(r, PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_ITEM(args[1], 1), PyTuple_GET_ITEM(args[1], 2), 1,
                      top, r->need))
     goto fail;
   return capsule;
@@ -651,8 +698,16 @@ static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObjec
   PyObject *key = PyTuple_Pack(4, slot, f->obj, count_obj, r->shapes[f->shape]);
   PyObject *view = key ? PyDict_GetItemWithError(r->views, key) : NULL; /* borrowed */
   Py_XINCREF(view);
-  if (!view && !PyErr_Occurred())
+  long k = f->base && !view && !PyErr_Occurred() ? PyLong_AsLong(slot) : -1;
+  if (k >= 0 && k < r->depth && count >= 0 && count <= f->base_len) {
+    PyObject *prefix = PySlice_New(NULL, count_obj, NULL);
+    view = prefix ? PyObject_GetItem(f->base[k], prefix) : NULL;
+    Py_XDECREF(prefix);
+    if (view && PyDict_GET_SIZE(r->views) >= r->limit) PyDict_Clear(r->views);
+    if (view && PyDict_SetItem(r->views, key, view)) Py_CLEAR(view);
+  } else if (!view && !PyErr_Occurred()) { /* ROW, or what make_view refuses */
     view = PyObject_CallFunctionObjArgs(r->make_view, slot, f->obj, count_obj, r->shapes[f->shape], NULL);
+  }
   Py_XDECREF(key);
   Py_DECREF(count_obj);
   if (!view || !f->fresh) return view;

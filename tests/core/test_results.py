@@ -1,6 +1,8 @@
 """The step build's result objects (chunkmeta.results): the C executor makes exactly the objects
 the Python executor makes from the same recipe, and refuses a recipe it cannot run."""
 
+import copy
+
 import attrs
 import numpy as np
 import pytest
@@ -57,15 +59,30 @@ class Recorder:
         return recorded
 
 
+def build_random(builder, rng, padded=False):
+    """One build of a random step (CPU tensors: the host copies stand in for the device's)."""
+    qsl, first, n, computed, checkpoints = random_step(rng, MAX_SEQS, MAX_TOKENS)
+    qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
+    rows = {"num_computed_tokens": torch.tensor(computed, dtype=torch.int32)}
+    rows["num_computed_tokens_cpu"] = rows["num_computed_tokens"]
+    if builder.needs_checkpoints:
+        rows["checkpoint_offsets"] = rows["checkpoint_offsets_cpu"] = torch.tensor(checkpoints, dtype=torch.int32)
+    return builder.build(qsl_cpu, qsl_cpu, first_seq=first, num_seqs=n, padded=padded, **rows)
+
+
 @needs_native
 @pytest.mark.parametrize("specs", [STEP_SPECS, STEP_SPECS_B], ids=["a", "b"])
 def test_c_results_equal_python_results(specs):
     builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend="torch", ring_depth=3)
+    # the Python executor makes its views with make_view into a cache of its own, so every view
+    # the C executor makes on a miss (its own slice of view_base) is compared with make_view's
+    shadow = copy.copy(builder.ring)
+    shadow.views = {}
     python = {
         padded: R.python_results(
             R.step_recipe(specs, builder.layout, padded, builder._fla_seqs_pad, builder.pad, builder.capacity.seqs),
-            builder.ring.views,
-            builder.ring.make_view,
+            shadow.views,
+            shadow.make_view,
             builder.ring,
         )
         for padded in (False, True)
@@ -73,13 +90,7 @@ def test_c_results_equal_python_results(specs):
     recorder = Recorder(builder)
     rng = np.random.default_rng(7)
     for i in range(60):
-        qsl, first, n, computed, checkpoints = random_step(rng, MAX_SEQS, MAX_TOKENS)
-        qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
-        rows = {"num_computed_tokens": torch.tensor(computed, dtype=torch.int32)}
-        rows["num_computed_tokens_cpu"] = rows["num_computed_tokens"]
-        if builder.needs_checkpoints:
-            rows["checkpoint_offsets"] = rows["checkpoint_offsets_cpu"] = torch.tensor(checkpoints, dtype=torch.int32)
-        c_step = builder.build(qsl_cpu, qsl_cpu, first_seq=first, num_seqs=n, padded=bool(i % 2), **rows)
+        c_step = build_random(builder, rng, padded=bool(i % 2))
         padded, args = recorder.calls[-1]
         py_step = python[padded](*args)
         assert_same_objects(c_step, py_step)
@@ -110,7 +121,36 @@ def test_make_results_refuses_a_bad_recipe(field, error):
     bad = (name, cls, R._descriptors(cls), (field, *fields[1:]))
     top = (top_cls, R._descriptors(top_cls), top_fields)
     with pytest.raises(error):
-        module.make_results((bad,), top, builder.ring.views, builder.ring.make_view, builder.ring)
+        ring = builder.ring
+        module.make_results((bad,), top, ring.views, ring.make_view, ring.view_base, ring.depth, ring.view_limit, ring)
+
+
+@needs_native
+def test_c_views_keep_the_cache_limit(monkeypatch):
+    # the C executor puts the views it makes in the ring's cache and clears it at the ring's
+    # limit, as make_view does: an engine's steps bring ever new row counts
+    monkeypatch.setattr("chunkmeta.ring.VIEW_CACHE_LIMIT", 9)
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS, device="cpu", backend="torch")
+    rng = np.random.default_rng(11)
+    sizes = []
+    for _ in range(40):
+        build_random(builder, rng)
+        sizes.append(len(builder.ring.views))
+    assert builder.c_build and max(sizes) <= 9 and min(sizes) < max(sizes)  # cleared, refilled
+
+
+@needs_native
+@pytest.mark.parametrize("depth, limit", [(0, 8), (65, 8), (2, 0)])
+def test_make_results_refuses_a_bad_ring(depth, limit):
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS_B, device="cpu", backend="torch")
+    outputs, (top_cls, top_fields) = R.step_recipe(
+        STEP_SPECS_B, builder.layout, False, builder._fla_seqs_pad, builder.pad, builder.capacity.seqs
+    )
+    compiled = tuple((name, cls, R._descriptors(cls), fields) for name, cls, fields in outputs)
+    top = (top_cls, R._descriptors(top_cls), top_fields)
+    ring = builder.ring
+    with pytest.raises(ValueError, match="depth must be"):
+        module.make_results(compiled, top, ring.views, ring.make_view, ring.view_base, depth, limit, ring)
 
 
 @needs_native

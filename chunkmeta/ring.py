@@ -186,7 +186,9 @@ class TableRing(SlotLedger):
         self.host = {name: torch.zeros(depth, host_entries, dtype=torch.int32) for name in host_names}
         self.host_np = {name: t.numpy() for name, t in self.host.items()}
         self.views: dict[tuple, torch.Tensor] = {}
-        self.view_limit = VIEW_CACHE_LIMIT  # the C executor clears ``views`` at the same size
+        # fixed from here on: the C executor (chunkmeta.results) takes it once, and clears
+        # ``views`` at the same size as make_view
+        self.view_limit = VIEW_CACHE_LIMIT
         self._bases: dict[tuple, torch.Tensor] = {}
 
     def pointer(self, slot: int) -> int:

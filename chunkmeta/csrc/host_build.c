@@ -486,7 +486,7 @@ typedef struct {
   Py_ssize_t need[2];          /* the counts / facts tuples' least lengths */
   PyObject *views, *make_view, *view_base, *lease, *shapes[3];
   int depth;           /* the ring's slots: every base array's length */
-  Py_ssize_t limit;    /* the view cache's entries, at most (chunkmeta.ring.VIEW_CACHE_LIMIT) */
+  Py_ssize_t limit;    /* the view cache's entries, at most (the ring's view_limit) */
 } Results;
 
 static void free_results(PyObject *capsule) {
@@ -514,7 +514,6 @@ static void free_results(PyObject *capsule) {
   PyMem_Free(r);
 }
 
-/* One output (cls, descriptors, fields) into out; 0, or -1 with an error. top: the StepTables. */
 /* A VIEW field's bases, one per slot (view_base(slot, region, shape)); 0, or -1 with an error. */
 static int view_bases(Results *r, Field *field) {
   if (field->shape == 2) return 0; /* ROW: make_view */
@@ -535,6 +534,7 @@ static int view_bases(Results *r, Field *field) {
   return 0;
 }
 
+/* One output (cls, descriptors, fields) into out; 0, or -1 with an error. top: the StepTables. */
 static int compile_output(Results *r, PyObject *cls, PyObject *descriptors, PyObject *fields, int top, Output *out,
                           Py_ssize_t *need) {
   if (!PyType_Check(cls) || !PyTuple_Check(descriptors) || !PyTuple_Check(fields) ||

@@ -72,7 +72,10 @@ def build_random(builder, rng, padded=False):
 
 @needs_native
 @pytest.mark.parametrize("specs", [STEP_SPECS, STEP_SPECS_B], ids=["a", "b"])
-def test_c_results_equal_python_results(specs):
+@pytest.mark.parametrize("limit", [None, 12], ids=["cache", "small-cache"])
+def test_c_results_equal_python_results(specs, limit, monkeypatch):
+    if limit:  # views made again after the cache is cleared
+        monkeypatch.setattr("chunkmeta.ring.VIEW_CACHE_LIMIT", limit)
     builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=specs, device="cpu", backend="torch", ring_depth=3)
     # the Python executor makes its views with make_view into a cache of its own, so every view
     # the C executor makes on a miss (its own slice of view_base) is compared with make_view's

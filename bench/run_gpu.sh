@@ -53,8 +53,15 @@ for stage in "$@"; do
       record pytest_benchmark "$WORK/pytest_benchmark.json" "bash bench/run_gpu.sh benchmarks" ;;
     bench) python3 bench/gpu_compare.py --out "$WORK" --rounds "${ROUNDS:-20}" ${COMPARE_ARGS:-} 2>&1 | tee "$WORK/gpu_compare.log"
       rc=${PIPESTATUS[0]} ;;
-    steptables) python3 bench/step_tables.py --out "$WORK" --rounds "${ROUNDS:-20}" 2>&1 | tee "$WORK/step_tables.log"
-      rc=${PIPESTATUS[0]} ;;
+    steptables)  # vLLM's own functions beside chunkmeta's: from the carried .vllm_bundle where there is one
+      (
+        if [ -f .vllm_bundle/setup_env.sh ] && ! source .vllm_bundle/setup_env.sh; then
+          echo ".vllm_bundle did not set up here: step_tables runs without vLLM's functions"
+        fi
+        python3 bench/step_tables.py --out "$WORK" --rounds "${ROUNDS:-20}" 2>&1 | tee "$WORK/step_tables.log"
+        exit "${PIPESTATUS[0]}"
+      )
+      rc=$? ;;
     diag) python3 bench/diag_launch.py --out "$WORK" 2>&1 | tee "$WORK/diag_launch.log"
       rc=${PIPESTATUS[0]} ;;
     steploop) python3 bench/step_loop.py --out "$WORK" --steps "${STEPS:-20}" 2>&1 | tee "$WORK/step_loop.log"

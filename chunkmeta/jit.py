@@ -158,6 +158,7 @@ def _load_extension(stem: str, source_name: str, libraries: tuple[str, ...]):
         + "_"
         + _key(
             source(source_name),
+            [source(header.name) for header in sorted(CSRC.glob("*.h"))],  # what it may include
             compiler,
             os.path.realpath(compiler[0]),
             flags,

@@ -19,6 +19,8 @@
 #include <dlfcn.h>
 #include <stdint.h>
 
+#include "step_chunks.h"
+
 /* ---- the plan: sum of cdiv(len_i, 2^shift), max len_i, first decreasing index ---------- */
 /* The loops are branch-free (decreases are OR-ed into a flag), so the compiler vectorizes
    them; only a bad step pays the second loop that finds the index. Differences are taken in
@@ -768,7 +770,6 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
    seqs_pad, the four region offsets, pad0, pad1). */
 #define MAX_ENTRIES 6
 #define STEP_ARGS 14 /* qsl, computed, checkpoints, arena, params (8 B); 9 int32 scalars */
-enum { FLA = 1, CONV = 2, MAMBA2 = 3, LOGICAL = 4, TOKENS = 5 };
 
 typedef struct {
   void *function;
@@ -786,12 +787,6 @@ static void free_steps(PyObject *capsule) {
   Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
   PyMem_Free(st->ends);
   PyMem_Free(st);
-}
-
-/* Chunks of a segment of len tokens at position pos (chunkmeta.fill.step_fill.segment_chunks). */
-static int64_t segment_chunks(int64_t pos, int64_t len, int shift) {
-  if (len > 0) return ((pos + len - 1) >> shift) - (pos >> shift) + 1;
-  return (pos & ((1LL << shift) - 1)) != 0;
 }
 
 /* make_steps(function, block_rows, num_warps, shared, cap_seqs, cap_tokens, padded, entries,
@@ -892,9 +887,7 @@ static int64_t sequence_chunks(const void *q, int q64, int64_t base, int64_t s, 
                                int64_t row) {
   const int64_t start = load(q, q64, s), len = load(q, q64, s + 1) - start;
   const int64_t pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : load(computed, computed64, row);
-  const int64_t cut = split ? load(checkpoints, checkpoints64, row) : 0;
-  return cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
-                 : segment_chunks(pos, len, shift);
+  return sequence_chunk_count(pos, len, split ? load(checkpoints, checkpoints64, row) : 0, shift);
 }
 
 /* One entry of the step kernel on a CPU builder's arena, serially: what step_fill.cu's run_entry
@@ -957,21 +950,10 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
         row_start = load(q, q64, seq);
         const int64_t len = load(q, q64, seq + 1) - row_start;
         pos = base_kind == 1 ? row_start - base : load(computed, computed64, first + seq);
-        int64_t seg_pos = pos, seg_len = len, t = chunk;
         const int64_t cut = split ? load(checkpoints, checkpoints64, first + seq) : 0;
-        if (cut > 0) {
-          const int64_t first_chunks = segment_chunks(pos, cut, shift);
-          if (t >= first_chunks) {
-            seg_pos = pos + cut;
-            seg_len = len - cut;
-            t -= first_chunks;
-          } else {
-            seg_len = cut;
-          }
-        }
-        const int64_t boundary = seg_pos >> shift, limit = (boundary + t + 1) << shift;
-        start = t == 0 ? seg_pos : (boundary + t) << shift;
-        stop = limit < seg_pos + seg_len ? limit : seg_pos + seg_len;
+        const ChunkSpan span = chunk_span(pos, len, cut, shift, chunk);
+        start = span.start;
+        stop = span.stop;
       }
       if (kind == MAMBA2) {
         ((int32_t *)r0)[1 + r] = (int32_t)(real ? row_start - base + stop - pos : num_tokens);

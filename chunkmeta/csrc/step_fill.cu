@@ -15,11 +15,7 @@
    by binary search over the chunk ends, and stores its share of the per-sequence tables: programs
    never communicate. Relies on host-validated input: offsets non-decreasing, positions and counts
    within int32. */
-#define FLA 1
-#define CONV 2
-#define MAMBA2 3
-#define LOGICAL 4
-#define TOKENS 5
+#include "step_chunks.h"
 
 /* entry fields (chunkmeta.tables.Entry) */
 #define KIND 0
@@ -36,13 +32,6 @@
 #define PAD1 11
 
 __device__ constexpr long long entry_table[6][12] = {ENTRIES};
-
-/* chunks of a segment of len tokens at position pos: one per multiple of 2^shift inside it and
-   one at its end; an empty one mid-chunk gets one, on a boundary none */
-__device__ __forceinline__ long long segment_chunks(long long pos, long long len, int shift) {
-  if (len > 0) return ((pos + len - 1) >> shift) - (pos >> shift) + 1;
-  return (pos & ((1LL << shift) - 1)) != 0;
-}
 
 template <int J>
 __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_loc,
@@ -68,8 +57,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
       const long long start = q[s], len = (long long)q[s + 1] - start;
       const long long pos = base_kind == 0 ? 0 : base_kind == 1 ? start - base : (long long)computed[first + s];
       const long long cut = split ? (long long)checkpoints[first + s] : 0;
-      count = cut > 0 ? segment_chunks(pos, cut, shift) + segment_chunks(pos + cut, len - cut, shift)
-                      : segment_chunks(pos, len, shift);
+      count = sequence_chunk_count(pos, len, cut, shift);
     }
     sum += count;
     mine[k] = (int)sum;
@@ -159,23 +147,9 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
         row_start = q[seq];
         long long len = (long long)q[seq + 1] - row_start;
         pos = base_kind == 1 ? row_start - base : (long long)computed[first + seq];
-        long long seg_pos = pos, seg_len = len, t = chunk;
-        if (split) {
-          const long long cut = (long long)checkpoints[first + seq];
-          if (cut > 0) {
-            const long long first_chunks = segment_chunks(pos, cut, shift);
-            if (t >= first_chunks) {
-              seg_pos = pos + cut;
-              seg_len = len - cut;
-              t -= first_chunks;
-            } else {
-              seg_len = cut;
-            }
-          }
-        }
-        const long long boundary = seg_pos >> shift;
-        start = t == 0 ? seg_pos : (boundary + t) << shift;
-        stop = min((boundary + t + 1) << shift, seg_pos + seg_len);
+        const ChunkSpan span = chunk_span(pos, len, split ? (long long)checkpoints[first + seq] : 0, shift, chunk);
+        start = span.start;
+        stop = span.stop;
       }
       if (kind == MAMBA2) {
         ((int *)(arena + entry_table[J][OFF0]))[1 + r] = (int)(real ? row_start - base + stop - pos : num_tokens);

@@ -132,6 +132,7 @@ class CudaFill:
 
 
 STEP_SOURCE = "step_fill.cu"
+STEP_HEADER = "step_chunks.h"  # what the kernel and the C build's CPU fill share
 STEP_ENTRY = b"step_tables_fill"
 
 
@@ -222,7 +223,7 @@ def compile_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
 
 def compile_step_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
     """A ``CudaStepFill.source`` compiled by NVRTC for ``capability`` (cached on disk)."""
-    return jit.cubin(source, capability, {}, program="step_tables_fill.cu")
+    return jit.cubin(source, capability, {STEP_HEADER: jit.source(STEP_HEADER)}, program="step_tables_fill.cu")
 
 
 # -- the driver, through ctypes (one-time work per kernel shape) ---------------------------

@@ -145,6 +145,22 @@ def test_a_cache_hit_compiles_nothing(monkeypatch, tmp_path, caplog):
     assert built(tmp_path / "cache") == [extension] and warnings_of(caplog) == []
 
 
+def test_a_changed_header_builds_again(monkeypatch, tmp_path):
+    """The extension's cache key covers the headers its source includes (step_chunks.h, which
+    the CUDA step fill shares): an edit there is a new build, never a stale one."""
+    needs_gcc()
+    csrc = tmp_path / "csrc"
+    shutil.copytree(jit.CSRC, csrc)
+    monkeypatch.setattr(jit, "CSRC", csrc)
+    assert native.module() is not None
+    (first,) = built(tmp_path / "cache")
+    with open(csrc / "step_chunks.h", "a") as header:
+        header.write("/* edited */\n")
+    monkeypatch.setattr(native, "_module", native._NOT_LOADED)
+    assert native.module() is not None
+    assert len(built(tmp_path / "cache")) == 2 and first in built(tmp_path / "cache")
+
+
 def test_a_compiler_command_with_words(monkeypatch, tmp_path):
     """CC is split as a shell would: a launcher before the compiler (``ccache gcc``), flags after
     it (``gcc -std=gnu11``). Each command is its own build in the cache."""

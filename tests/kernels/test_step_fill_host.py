@@ -34,7 +34,13 @@ def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str
     names = ("QSL_T", "COMP_T", "CKPT_T")
     defines = [f"-D{name}={value}" for name, value in (*zip(names, types, strict=True), *fill.defines)]
     flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{jit.CSRC}", f"-I{SUPPORT}", *defines, str(HARNESS)]
-    inputs = [jit.CSRC / "step_fill.cu", HARNESS, SUPPORT / "cuda_host.h", SUPPORT / "step_host_main.h"]
+    inputs = [
+        jit.CSRC / "step_fill.cu",
+        jit.CSRC / "step_chunks.h",
+        HARNESS,
+        SUPPORT / "cuda_host.h",
+        SUPPORT / "step_host_main.h",
+    ]
     return fill, compile_harness(compiler, flags, inputs)
 
 

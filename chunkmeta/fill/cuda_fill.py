@@ -222,7 +222,8 @@ def compile_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
 
 
 def compile_step_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
-    """A ``CudaStepFill.source`` compiled by NVRTC for ``capability`` (cached on disk)."""
+    """A ``CudaStepFill.source`` compiled by NVRTC for ``capability``, with ``step_chunks.h`` as its
+    header (cached on disk)."""
     return jit.cubin(source, capability, {STEP_HEADER: jit.source(STEP_HEADER)}, program="step_tables_fill.cu")
 
 

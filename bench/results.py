@@ -806,6 +806,7 @@ _STEP_RATIOS = (  # step_tables' ratio keys (idle; "_cold" the cold ones) and th
     ("ratio_kda_gdn_new_batch", "vLLM / chunkmeta KDA-GDN step, a new batch every call"),
     ("ratio_mamba2", "vLLM / chunkmeta Mamba2 step"),
     ("ratio_mamba2_new_batch", "vLLM / chunkmeta Mamba2 step, a new batch every call"),
+    ("ratio_hybrid", "vLLM / chunkmeta hybrid step (KDA-GDN + Mamba2 tables, one build)"),
 )
 
 

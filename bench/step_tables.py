@@ -16,6 +16,8 @@ chunkmeta (one ``StepTablesBuilder.build``, one launch each):
 * ``chunkmeta_kda_gdn_vllm``  the same tables as the vLLM adapter asks for them: no fresh
                          ``cu_seqlens`` (vLLM's layers get vLLM's own; ``tables.Fla``);
 * ``chunkmeta_mamba2``   vLLM's Mamba2 SSD chunks + conv1d blocks of the prefill rows;
+* ``chunkmeta_hybrid``   both in one build (five tables: a hybrid with KDA/GDN and Mamba2 layers,
+                         the demo's ``all``, ``chunkmeta.replay.table_set``);
 * ``chunkmeta_kda_gdn_new_batch`` / ``chunkmeta_mamba2_new_batch``  the same builds on a new
                          batch of the workload's shape every call (other prompt lengths and
                          cached prefixes, never repeated), as an engine's steps come: a table
@@ -41,8 +43,10 @@ Engine steps are sums of the medians of their parts (``vllm_kda_gdn`` = ``vllm_g
 ``vllm_fla_batch`` + ``vllm_conv1d`` of the batch rows: the three tables ``chunkmeta_kda_gdn``
 builds, the record's ``kda_gdn_step_parts``; records before it summed the first and the last
 only; ``vllm_mamba2_step`` = ``vllm_mamba2`` + ``vllm_conv1d`` of the
-prefill rows); the ratios printed are engine / chunkmeta host time, idle and cold (the KDA-GDN
-step against both chunkmeta KDA-GDN builds). Writes its record
+prefill rows; the hybrid step both); the ratios printed are engine / chunkmeta host time, idle
+and cold (the KDA-GDN step against both chunkmeta KDA-GDN builds). Every chunkmeta build's
+tables are checked against ``chunkmeta.reference`` (``chunkmeta.replay.expected``: values,
+dtypes, host ints). Writes its record
 (``bench/results.py``: ``step_tables.runs.jsonl``) under ``--out``.
 """
 
@@ -59,10 +63,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import anchors
 import results as runs
 
-from chunkmeta import StepTablesBuilder, build_chunk_metadata, reference
+from chunkmeta import StepTablesBuilder, build_chunk_metadata
 from chunkmeta import tables as T
+from chunkmeta.replay import expected, kda_tables, mamba2_tables
 from chunkmeta.timing import busy_queue, device_us_per_call, host_us, median, percentile
-from chunkmeta.workloads import split_tokens
+from chunkmeta.workloads import Batch, split_tokens
 
 # (decodes, prefills, prefill tokens): the seed's 4096-token chunks at 8-64 requests, and larger
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512, 512, 65536), (0, 1024, 65536)]
@@ -76,6 +81,7 @@ DEVICE_TIMED = (
     "chunkmeta_kda_gdn",
     "chunkmeta_kda_gdn_vllm",
     "chunkmeta_mamba2",
+    "chunkmeta_hybrid",
     "chunkmeta_oneshot",
     "rocm_style",
     "floor",
@@ -137,27 +143,20 @@ def make_case(decodes, prefills, tokens, seed):
     return qsl_cpu, computed_cpu
 
 
-def is_exact(kda_builders, mamba2_builder, case, decodes) -> bool:
-    """Whether the KDA/GDN builders' FLA and conv1d tables and the Mamba2 builder's SSD chunks of
-    one batch (``case``: ``qsl_cpu, qsl, computed_cpu, computed``) equal the reference's."""
+def is_exact(builders, case, decodes) -> bool:
+    """Whether every table each builder makes of one batch (``case``: ``qsl_cpu, qsl,
+    computed_cpu, computed``; the prefill slice after ``decodes``) equals the reference's."""
     qsl_cpu, qsl, computed_cpu, computed = case
-    ref_conv = reference.causal_conv1d_metadata(qsl_cpu.tolist())
-    refs = {
-        "fla": reference.chunk_metadata(qsl_cpu.tolist(), 64, first_seq=decodes),
-        "fla_batch": reference.chunk_metadata(qsl_cpu.tolist(), 64),
-    }
+    qsl_list = qsl_cpu.tolist()
+    batch = Batch(qsl_list, decodes, len(qsl_list) - 1 - decodes, computed_cpu.tolist())
     exact = True
-    for builder in kda_builders:
-        tables = builder.build(qsl, qsl_cpu, first_seq=decodes)
-        exact &= tables.conv.batch_ptr.cpu().tolist() == ref_conv.batch_ptr
-        for name, ref in refs.items():
-            exact &= tables[name].chunk_indices.cpu().tolist() == [list(r) for r in ref.chunk_indices]
-            exact &= tables[name].chunk_offsets.cpu().tolist() == ref.chunk_offsets
-    ssd = mamba2_builder.build(
-        qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
-    ).mamba2
-    ref_ssd = reference.mamba2_chunk_metadata(qsl_cpu.tolist(), computed_cpu[decodes:].tolist(), MAMBA_CHUNK, decodes)
-    return exact and ssd.cu_chunk_seqlens.cpu().tolist() == ref_ssd.cu_chunk_seqlens
+    positions = dict(num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu)
+    for builder in builders:
+        rows = positions if builder.needs_computed else {}
+        tables = builder.build(qsl, qsl_cpu, first_seq=decodes, **rows)
+        checks = expected(builder.specs, batch, 64).checks
+        exact &= all(matches(tables[name]) for name, matches in checks.items())
+    return exact
 
 
 def measure(methods: dict, rounds: int, calls: int) -> dict:
@@ -203,17 +202,17 @@ def main(argv: list[str]) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     engine, engine_error = engine_methods()
     print("vLLM's own functions:", "imported" if engine else f"not importable here ({engine_error}); not measured")
-    kda_tables = {"fla": T.Fla(64), "fla_batch": T.Fla(64, rows="batch"), "conv": T.Conv()}
+    kda = kda_tables(64)
     vllm_tables = {
         "fla": T.Fla(64, fresh_cu_seqlens=False),
         "fla_batch": T.Fla(64, rows="batch", fresh_cu_seqlens=False),
         "conv": T.Conv(),
     }
-    mamba2_tables = {"mamba2": T.Mamba2(chunk_size=MAMBA_CHUNK), "conv": T.Conv(rows="prefill")}
+    ssd = mamba2_tables(MAMBA_CHUNK)
     # the new-batch methods have builders of their own: their views fill their own caches
-    kda_gdn, kda_gdn_vllm, mamba2, kda_gdn_new, mamba2_new = (
+    kda_gdn, kda_gdn_vllm, mamba2, hybrid, kda_gdn_new, mamba2_new = (
         StepTablesBuilder(1024, 65536 + 1024, tables=tables, device="cuda")
-        for tables in (kda_tables, vllm_tables, mamba2_tables, kda_tables, mamba2_tables)
+        for tables in (kda, vllm_tables, ssd, {**kda, **ssd}, kda, ssd)
     )
     rows = []
     # each new-batch method's calls: every measured one, its warm-up, and spares
@@ -242,6 +241,9 @@ def main(argv: list[str]) -> int:
             "chunkmeta_mamba2": lambda: mamba2.build(
                 qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
             ),
+            "chunkmeta_hybrid": lambda: hybrid.build(
+                qsl, qsl_cpu, first_seq=decodes, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu
+            ),
             "chunkmeta_kda_gdn_new_batch": kda_gdn_new_batch,
             "chunkmeta_mamba2_new_batch": mamba2_new_batch,
             "chunkmeta_oneshot": lambda: build_chunk_metadata(prefill, prefill_cpu),
@@ -261,9 +263,9 @@ def main(argv: list[str]) -> int:
         torch.cuda.synchronize()
         # exactness of what is timed (chunkmeta's tables against the reference): the repeated
         # batch, and the new-batch builders on their last spare batch once they have run
-        exact = is_exact((kda_gdn, kda_gdn_vllm), mamba2, (qsl_cpu, qsl, computed_cpu, computed), decodes)
+        exact = is_exact((kda_gdn, kda_gdn_vllm, mamba2, hybrid), (qsl_cpu, qsl, computed_cpu, computed), decodes)
         figures = measure(methods, args.rounds, args.calls)
-        exact &= is_exact((kda_gdn_new,), mamba2_new, on_device[-1], decodes)
+        exact &= is_exact((kda_gdn_new, mamba2_new), on_device[-1], decodes)
         for name in DEVICE_TIMED:
             figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)
         row = {"decodes": decodes, "prefills": prefills, "tokens": tokens, "exact": exact, "methods": figures}
@@ -278,6 +280,7 @@ def main(argv: list[str]) -> int:
                 row[f"ratio_kda_gdn{suffix}"] = kda_step / figures["chunkmeta_kda_gdn"][key]
                 row[f"ratio_kda_gdn_vllm{suffix}"] = kda_step / figures["chunkmeta_kda_gdn_vllm"][key]
                 row[f"ratio_mamba2{suffix}"] = ssd_step / figures["chunkmeta_mamba2"][key]
+                row[f"ratio_hybrid{suffix}"] = (kda_step + ssd_step) / figures["chunkmeta_hybrid"][key]
                 row[f"ratio_kda_gdn_new_batch{suffix}"] = kda_step / figures["chunkmeta_kda_gdn_new_batch"][key]
                 row[f"ratio_mamba2_new_batch{suffix}"] = ssd_step / figures["chunkmeta_mamba2_new_batch"][key]
         rows.append(row)
@@ -293,7 +296,8 @@ def main(argv: list[str]) -> int:
                 f"({row['vllm_kda_gdn_step_cold_us']:.1f}), "
                 f"{row['ratio_kda_gdn']:.1f}x ({row['ratio_kda_gdn_cold']:.1f}x) "
                 f"chunkmeta; mamba2 {row['vllm_mamba2_step_us']:.1f} ({row['vllm_mamba2_step_cold_us']:.1f}), "
-                f"{row['ratio_mamba2']:.1f}x ({row['ratio_mamba2_cold']:.1f}x) chunkmeta; a new batch every "
+                f"{row['ratio_mamba2']:.1f}x ({row['ratio_mamba2_cold']:.1f}x) chunkmeta; hybrid "
+                f"{row['ratio_hybrid']:.1f}x ({row['ratio_hybrid_cold']:.1f}x); a new batch every "
                 f"call: {row['ratio_kda_gdn_new_batch']:.1f}x ({row['ratio_kda_gdn_new_batch_cold']:.1f}x), "
                 f"{row['ratio_mamba2_new_batch']:.1f}x ({row['ratio_mamba2_new_batch_cold']:.1f}x)"
             )

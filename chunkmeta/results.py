@@ -9,7 +9,9 @@ comes from; an executor makes the objects of one build from it: ``chunkmeta.nati
 of a step build's host time in Python), or ``python_results`` (the same recipe, where the
 extension does not load). Both read views from one cache, the ring's ``views``, keyed
 ``(slot, region, count, shape)``; on a miss the Python one calls the ring's ``make_view``, the C
-one slices the ring's ``view_base`` as ``make_view`` does (``ROW`` views: ``make_view``).
+one slices the ring's ``view_base`` as ``make_view`` does (``ROW`` views: ``make_view``). The C
+one first looks at each field's memo of the view it got last in that slot: a slot that sees the
+count it saw last time (a repeated step) costs a compare, not a key and a lookup.
 
 A recipe is ``(outputs, top)``: ``outputs`` a tuple of ``(name, cls, fields)``, ``top`` the
 ``StepTables``' ``(cls, fields)``; ``fields`` one tuple per attrs field of ``cls``, in order:

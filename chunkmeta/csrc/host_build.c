@@ -472,6 +472,11 @@ typedef struct {
   PyObject *obj;   /* R_CONST: the value; R_VIEW: the region (an offset or a host buffer's name) */
   PyObject **base; /* R_VIEW but ROW: the region's view base per slot, or NULL (make_view) */
   Py_ssize_t base_len;
+  /* R_VIEW: per slot, the view this field got last and its count. A repeated count (a step like
+     the one before in that slot: decodes, one request's next chunk) then costs a compare where
+     the cache lookup packs and hashes a key and allocates a count above 256. */
+  PyObject **last_view;
+  long long *last_count;
 } Field;
 
 typedef struct {
@@ -506,6 +511,11 @@ static void free_results(PyObject *capsule) {
         for (int k = 0; k < r->depth; k++) Py_XDECREF(f->base[k]);
         PyMem_Free(f->base);
       }
+      if (f->last_view) {
+        for (int k = 0; k < r->depth; k++) Py_XDECREF(f->last_view[k]);
+        PyMem_Free(f->last_view);
+      }
+      PyMem_Free(f->last_count);
     }
   }
   Py_XDECREF(r->views);
@@ -516,8 +526,15 @@ static void free_results(PyObject *capsule) {
   PyMem_Free(r);
 }
 
-/* A VIEW field's bases, one per slot (view_base(slot, region, shape)); 0, or -1 with an error. */
+/* A VIEW field's bases, one per slot (view_base(slot, region, shape)), and its empty per-slot
+   memo; 0, or -1 with an error. */
 static int view_bases(Results *r, Field *field) {
+  field->last_view = PyMem_Calloc(r->depth, sizeof(PyObject *));
+  field->last_count = PyMem_Calloc(r->depth, sizeof(long long));
+  if (!field->last_view || !field->last_count) {
+    PyErr_NoMemory();
+    return -1;
+  }
   if (field->shape == 2) return 0; /* ROW: make_view */
   if (!(field->base = PyMem_Calloc(r->depth, sizeof(PyObject *)))) {
     PyErr_NoMemory();
@@ -666,9 +683,10 @@ fail:
   return NULL;
 }
 
-/* One field's value (new reference), or NULL with an error. */
-static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObject *generation, PyObject *const *sources,
-                             PyObject *tables) {
+/* One field's value (new reference), or NULL with an error. k: the slot's index (-1: not one of
+   the ring's; make_view then decides). */
+static PyObject *field_value(Results *r, Field *f, PyObject *slot, long k, PyObject *generation,
+                             PyObject *const *sources, PyObject *tables) {
   switch (f->op) {
     case R_CONST:
       return Py_NewRef(f->obj);
@@ -695,23 +713,31 @@ static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObjec
     if (n == -1 && PyErr_Occurred()) return NULL;
     count += n;
   }
-  PyObject *count_obj = PyLong_FromLongLong(count);
-  if (!count_obj) return NULL;
-  PyObject *key = PyTuple_Pack(4, slot, f->obj, count_obj, r->shapes[f->shape]);
-  PyObject *view = key ? PyDict_GetItemWithError(r->views, key) : NULL; /* borrowed */
-  Py_XINCREF(view);
-  long k = f->base && !view && !PyErr_Occurred() ? PyLong_AsLong(slot) : -1;
-  if (k >= 0 && k < r->depth && count >= 0 && count <= f->base_len) {
-    PyObject *prefix = PySlice_New(NULL, count_obj, NULL);
-    view = prefix ? PyObject_GetItem(f->base[k], prefix) : NULL;
-    Py_XDECREF(prefix);
-    if (view && PyDict_GET_SIZE(r->views) >= r->limit) PyDict_Clear(r->views);
-    if (view && PyDict_SetItem(r->views, key, view)) Py_CLEAR(view);
-  } else if (!view && !PyErr_Occurred()) { /* ROW, or what make_view refuses */
-    view = PyObject_CallFunctionObjArgs(r->make_view, slot, f->obj, count_obj, r->shapes[f->shape], NULL);
+  PyObject *view = NULL;
+  if (k >= 0 && f->last_view[k] && f->last_count[k] == count) {
+    view = Py_NewRef(f->last_view[k]);
+  } else {
+    PyObject *count_obj = PyLong_FromLongLong(count);
+    if (!count_obj) return NULL;
+    PyObject *key = PyTuple_Pack(4, slot, f->obj, count_obj, r->shapes[f->shape]);
+    view = key ? PyDict_GetItemWithError(r->views, key) : NULL; /* borrowed */
+    Py_XINCREF(view);
+    if (!view && !PyErr_Occurred() && f->base && k >= 0 && count >= 0 && count <= f->base_len) {
+      PyObject *prefix = PySlice_New(NULL, count_obj, NULL);
+      view = prefix ? PyObject_GetItem(f->base[k], prefix) : NULL;
+      Py_XDECREF(prefix);
+      if (view && PyDict_GET_SIZE(r->views) >= r->limit) PyDict_Clear(r->views);
+      if (view && PyDict_SetItem(r->views, key, view)) Py_CLEAR(view);
+    } else if (!view && !PyErr_Occurred()) { /* ROW, or what make_view refuses */
+      view = PyObject_CallFunctionObjArgs(r->make_view, slot, f->obj, count_obj, r->shapes[f->shape], NULL);
+    }
+    Py_XDECREF(key);
+    Py_DECREF(count_obj);
+    if (view && k >= 0) {
+      Py_XSETREF(f->last_view[k], Py_NewRef(view));
+      f->last_count[k] = count;
+    }
   }
-  Py_XDECREF(key);
-  Py_DECREF(count_obj);
   if (!view || !f->fresh) return view;
   PyObject *fresh = fresh_alias(view);
   Py_DECREF(view);
@@ -719,12 +745,12 @@ static PyObject *field_value(Results *r, const Field *f, PyObject *slot, PyObjec
 }
 
 /* An output's object (new reference), or NULL with an error. */
-static PyObject *make_output(Results *r, const Output *out, PyObject *slot, PyObject *generation,
+static PyObject *make_output(Results *r, Output *out, PyObject *slot, long k, PyObject *generation,
                              PyObject *const *sources, PyObject *tables) {
   PyObject *values[MAX_FIELDS];
   int made = 0;
   for (; made < out->fields; made++)
-    if (!(values[made] = field_value(r, &out->field[made], slot, generation, sources, tables))) break;
+    if (!(values[made] = field_value(r, &out->field[made], slot, k, generation, sources, tables))) break;
   PyObject *object = made == out->fields ? new_object(out->cls, out->descriptors, values, out->fields) : NULL;
   for (int i = 0; i < made; i++) Py_DECREF(values[i]);
   return object;
@@ -745,10 +771,13 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
       PyErr_SetString(PyExc_TypeError, "results: counts and facts must be tuples as long as the recipe reads");
       return NULL;
     }
+  long k = PyLong_AsLong(args[1]);
+  if (k == -1 && PyErr_Occurred()) return NULL;
+  if (k < 0 || k >= r->depth) k = -1; /* not a ring slot: make_view says why */
   PyObject *tables = PyDict_New();
   if (!tables) return NULL;
   for (int o = 0; o < r->outputs; o++) {
-    PyObject *object = make_output(r, &r->out[o], args[1], args[2], sources, NULL);
+    PyObject *object = make_output(r, &r->out[o], args[1], k, args[2], sources, NULL);
     int err = object ? PyDict_SetItem(tables, r->out[o].name, object) : -1;
     Py_XDECREF(object);
     if (err) {
@@ -756,7 +785,7 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
       return NULL;
     }
   }
-  PyObject *step = make_output(r, &r->out[r->outputs], args[1], args[2], sources, tables);
+  PyObject *step = make_output(r, &r->out[r->outputs], args[1], k, args[2], sources, tables);
   Py_DECREF(tables);
   return step;
 }

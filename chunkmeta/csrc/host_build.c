@@ -65,6 +65,69 @@ static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
   return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
 }
 
+/* ---- a step build's other per-row passes, typed so that they vectorize too -------------- */
+/* Offsets and each per-request array come as int32 or int64, independently; a loop that asks
+   which (load) at every element costs about a nanosecond per request, which at 1024 requests was
+   most of a Mamba2 build's host side. So each pass is instantiated per dtype pair and dispatched
+   once. */
+typedef struct {
+  int bad, any;
+} RowFlags;
+
+/* num_computed_tokens: bad if any request's is negative, or a slice row's computed + new tokens
+   passes int32 positions (q: the slice's offsets, already checked non-decreasing, so len >= 0
+   and nothing overflows); any: a slice row has a cached prefix (prep_initial_states) */
+#define COMPUTED_ROWS(NAME, TQ, TV)                                                                                   \
+  VECTORIZED static RowFlags NAME(const TQ *q, const TV *values, int64_t requests, int64_t first, int64_t n) {        \
+    int bad = 0, any = 0;                                                                                             \
+    for (int64_t i = 0; i < requests; i++) bad |= values[i] < 0;                                                      \
+    for (int64_t i = 0; i < n; i++) {                                                                                 \
+      const int64_t v = values[first + i], len = (int64_t)q[i + 1] - (int64_t)q[i];                                   \
+      bad |= v > 2147483647LL - len;                                                                                  \
+      any |= v > 0;                                                                                                   \
+    }                                                                                                                 \
+    RowFlags flags = {bad, any};                                                                                      \
+    return flags;                                                                                                     \
+  }
+/* the chunks of q's n sequences, each at position values[i] (segment_chunks) */
+#define POSITIONED_CHUNKS(NAME, TQ, TV)                                                                               \
+  VECTORIZED static int64_t NAME(const TQ *q, const TV *values, int64_t n, int shift) {                               \
+    int64_t total = 0;                                                                                                \
+    for (int64_t i = 0; i < n; i++) total += segment_chunks(values[i], (int64_t)q[i + 1] - (int64_t)q[i], shift);     \
+    return total;                                                                                                     \
+  }
+/* q[0..n] rebased to start (a host cu_seqlens) */
+#define REBASE(NAME, TQ)                                                                                              \
+  VECTORIZED static void NAME(int32_t *out, const TQ *q, int64_t n, int64_t start) {                                  \
+    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)((int64_t)q[i] - start);                                       \
+  }
+#define PER_DTYPE_PAIR(MACRO, NAME)                                                                                   \
+  MACRO(NAME##_ii, int32_t, int32_t) MACRO(NAME##_il, int32_t, int64_t) MACRO(NAME##_li, int64_t, int32_t)            \
+  MACRO(NAME##_ll, int64_t, int64_t)
+PER_DTYPE_PAIR(COMPUTED_ROWS, computed_rows)
+PER_DTYPE_PAIR(POSITIONED_CHUNKS, positioned_chunks)
+REBASE(rebase_i32, int32_t)
+REBASE(rebase_i64, int64_t)
+
+static RowFlags computed_rows(const void *q, int q64, const void *values, int v64, int64_t requests, int64_t first,
+                              int64_t n) {
+  if (q64)
+    return v64 ? computed_rows_ll(q, values, requests, first, n) : computed_rows_li(q, values, requests, first, n);
+  return v64 ? computed_rows_il(q, values, requests, first, n) : computed_rows_ii(q, values, requests, first, n);
+}
+
+static int64_t positioned_chunks(const void *q, int q64, const void *values, int v64, int64_t n, int shift) {
+  if (q64) return v64 ? positioned_chunks_ll(q, values, n, shift) : positioned_chunks_li(q, values, n, shift);
+  return v64 ? positioned_chunks_il(q, values, n, shift) : positioned_chunks_ii(q, values, n, shift);
+}
+
+static void rebase(int32_t *out, const void *q, int is64, int64_t n, int64_t start) {
+  if (is64)
+    rebase_i64(out, (const int64_t *)q, n, start);
+  else
+    rebase_i32(out, (const int32_t *)q, n, start);
+}
+
 /* A build's slice arguments: first_seq an exact int, num_seqs None (the rest of the batch's
    `requests` requests) or an exact int >= 0. 0 with *first and *n set, or -1: anything else
    (a bool or a numpy integer too) takes the general path and its checks. The caller checks the
@@ -443,10 +506,7 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   }
   /* the host cu_seqlens: the slice rebased to 0, then zero-length tails up to seqs_out */
   int32_t *out = f->cu_host[slot];
-  if (is64)
-    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int64_t *)q)[i] - start);
-  else
-    for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(((const int32_t *)q)[i] - start);
+  rebase(out, q, is64, n, start);
   for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
   return md;
 }
@@ -1035,13 +1095,10 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
      (every request's entry is >= 0: the Python plan checks the whole array) */
   const char *computed = (const char *)(uintptr_t)c[0], *checkpoints = (const char *)(uintptr_t)c[2];
   int prep = 0, any_checkpoint = 0;
-  for (int64_t i = 0; computed && i < requests; i++) {
-    int64_t value = load(computed, (int)c[1], i);
-    if (value < 0) return PyLong_FromLong(-1);
-    if (i >= first && i < first + n) {
-      if (value + (load(q, is64, i - first + 1) - load(q, is64, i - first)) > 2147483647LL) return PyLong_FromLong(-1);
-      prep |= value > 0;
-    }
+  if (computed) {
+    RowFlags flags = computed_rows(q, is64, computed, (int)c[1], requests, first, n);
+    if (flags.bad) return PyLong_FromLong(-1);
+    prep = flags.any;
   }
   for (int64_t i = 0; checkpoints && i < requests; i++) {
     int64_t value = load(checkpoints, (int)c[3], i);
@@ -1067,9 +1124,12 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
       int split = st->kind[j] == MAMBA2 && st->flag[j] && rows_checkpoints;
       if (st->base[j] == 2 && !rows_computed) return PyLong_FromLong(-1);
       int64_t total = 0;
-      for (int64_t i = 0; i < sn; i++)
-        total += sequence_chunks(sq, is64, s0, i, st->base[j], st->shift[j], split, rows_computed, (int)c[1],
-                                 rows_checkpoints, (int)c[3], i);
+      if (st->base[j] == 2 && !split) /* Mamba2's chunks at absolute positions, no checkpoints */
+        total = positioned_chunks(sq, is64, rows_computed, (int)c[1], sn, st->shift[j]);
+      else
+        for (int64_t i = 0; i < sn; i++)
+          total += sequence_chunks(sq, is64, s0, i, st->base[j], st->shift[j], split, rows_computed, (int)c[1],
+                                   rows_checkpoints, (int)c[3], i);
       counts[j] = total;
     }
     rows[j] = st->padded ? st->rows_pad[j] : counts[j];
@@ -1113,7 +1173,7 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     const void *sq = whole ? (const void *)host : q;
     int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start, tokens = (whole ? batch_end : end) - s0;
     int64_t seqs_out = st->padded ? st->seqs_pad[j] : sn;
-    for (int64_t i = 0; i <= sn; i++) out[i] = (int32_t)(load(sq, is64, i) - s0);
+    rebase(out, sq, is64, sn, s0);
     for (int64_t i = sn + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
   }
   PyObject *count_tuple = PyTuple_New(st->entries);
@@ -1315,8 +1375,7 @@ static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize
   if (start < 0 || end < start || end - start > 2147483647LL - (1LL << b[0])) return PyLong_FromLong(-1);
   Plan p = plan_any(q, is64, n, (int)b[0]);
   if (p.bad || p.chunks > (2147483647LL >> b[0])) return PyLong_FromLong(-1);
-  int32_t *out = (int32_t *)(uintptr_t)b[1];
-  for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)(load(q, is64, i) - start);
+  rebase((int32_t *)(uintptr_t)b[1], q, is64, n, start);
   return Py_BuildValue("(LLLL)", (long long)n, (long long)(end - start), (long long)p.chunks, (long long)p.longest);
 }
 

@@ -1,6 +1,7 @@
 # Run the GPU stages on a CUDA machine.
 #   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo sweep diagnostics vllm
-#   (TESTS_K=expr: pytest -k for tests; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
+#   (TESTS_K=expr: pytest -k for tests; TESTS_TIMEOUT_S: stop the tests stage's pytest after that
+#   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
 #   STRESS_STEPS, SWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
 # directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
@@ -42,7 +43,7 @@ status=0
 for stage in "$@"; do
   echo "=== $stage ==="
   case $stage in
-    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 ${TESTS_K:+-k "$TESTS_K"} tests bench 2>&1 \
+    tests) ${TESTS_TIMEOUT_S:+timeout "$TESTS_TIMEOUT_S"} python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 ${TESTS_K:+-k "$TESTS_K"} tests bench 2>&1 \
         | tee "$WORK/gpu_tests.log" | tail -40
       rc=${PIPESTATUS[0]}
       record gpu_tests "$WORK/gpu_tests.log" "${TESTS_K:+TESTS_K=\"$TESTS_K\" }bash bench/run_gpu.sh tests" ;;

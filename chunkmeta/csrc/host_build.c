@@ -29,7 +29,8 @@
    length. For int32 offsets that means 32-bit lanes: with no decrease the lengths sum to
    q[n] - q[0] < 2^32, so no sum wraps, and a step with a decrease is rejected whatever the sums
    read. On x86-64 the loops are also built for AVX2 (picked at load time): the baseline SSE2 has
-   no 32-bit unsigned max, and scalar code costs ~1 ns per sequence. */
+   no 32-bit unsigned max, and scalar code costs ~1 ns per sequence. A shift < 0 plans without
+   the chunks (a step build's slices: each of its entries counts its own). */
 typedef struct { int64_t chunks, longest, bad; } Plan;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -38,24 +39,35 @@ typedef struct { int64_t chunks, longest, bad; } Plan;
 #define VECTORIZED
 #endif
 
-#define PLAN(NAME, T, LANE)                                                        \
-  VECTORIZED static Plan NAME(const T *q, int64_t n, int shift) {                  \
-    LANE chunks = 0, longest = 0, round = ((LANE)1 << shift) - 1;                  \
-    int decrease = 0;                                                              \
+/* sum of cdiv(len_i, 2^shift): a plan's chunks, and an entry's rows on a slice its plan checked */
+#define CHUNKS(NAME, T, LANE)                                                      \
+  VECTORIZED static int64_t NAME(const T *q, int64_t n, int shift) {               \
+    LANE chunks = 0, round = ((LANE)1 << shift) - 1;                               \
     for (int64_t i = 1; i <= n; i++) {                                             \
       LANE len = (LANE)q[i] - (LANE)q[i - 1];                                      \
       chunks += (len >> shift) + ((len & round) != 0);                             \
-      longest = len > longest ? len : longest;                                     \
     }                                                                              \
-    for (int64_t i = 1; i <= n; i++) decrease |= q[i] < q[i - 1];                  \
-    Plan p = {(int64_t)chunks, (int64_t)longest, 0};                               \
+    return (int64_t)chunks;                                                        \
+  }
+#define PLAN(NAME, CHUNKS_OF, T, LANE)                                             \
+  VECTORIZED static Plan NAME(const T *q, int64_t n, int shift) {                  \
+    LANE longest = 0;                                                              \
+    int decrease = 0;                                                              \
+    for (int64_t i = 1; i <= n; i++) {                                             \
+      LANE len = (LANE)q[i] - (LANE)q[i - 1];                                      \
+      longest = len > longest ? len : longest;                                     \
+      decrease |= q[i] < q[i - 1];                                                 \
+    }                                                                              \
+    Plan p = {shift < 0 ? 0 : CHUNKS_OF(q, n, shift), (int64_t)longest, 0};        \
     if (decrease)                                                                  \
       for (int64_t i = 1; i <= n; i++)                                             \
         if (q[i] < q[i - 1]) { p.bad = i; break; }                                 \
     return p;                                                                      \
   }
-PLAN(plan_i32, int32_t, uint32_t)
-PLAN(plan_i64, int64_t, uint64_t)
+CHUNKS(chunks_i32, int32_t, uint32_t)
+CHUNKS(chunks_i64, int64_t, uint64_t)
+PLAN(plan_i32, chunks_i32, int32_t, uint32_t)
+PLAN(plan_i64, chunks_i64, int64_t, uint64_t)
 
 static int64_t load(const void *q, int is64, int64_t i) {
   return is64 ? ((const int64_t *)q)[i] : (int64_t)((const int32_t *)q)[i];
@@ -63,6 +75,10 @@ static int64_t load(const void *q, int is64, int64_t i) {
 
 static Plan plan_any(const void *q, int is64, int64_t n, int shift) {
   return is64 ? plan_i64((const int64_t *)q, n, shift) : plan_i32((const int32_t *)q, n, shift);
+}
+
+static int64_t chunks_any(const void *q, int is64, int64_t n, int shift) {
+  return is64 ? chunks_i64((const int64_t *)q, n, shift) : chunks_i32((const int32_t *)q, n, shift);
 }
 
 /* ---- a step build's other per-row passes, typed so that they vectorize too -------------- */
@@ -1080,7 +1096,7 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
   const void *q = host + first * (is64 ? 8 : 4);
   int64_t start = load(q, is64, 0), end = load(q, is64, n);
   if (start < 0 || end < start || end - start > st->cap_tokens) return PyLong_FromLong(-1);
-  Plan slice = plan_any(q, is64, n, 4);
+  Plan slice = plan_any(q, is64, n, -1); /* its checks and longest row; each entry counts its own chunks */
   if (slice.bad) return PyLong_FromLong(-1);
   Plan batch = {0, 0, 0};
   int64_t batch_start = 0, batch_end = 0;
@@ -1088,7 +1104,7 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     batch_start = load(host, is64, 0), batch_end = load(host, is64, requests);
     if (batch_start < 0 || batch_end < batch_start || batch_end - batch_start > st->cap_tokens)
       return PyLong_FromLong(-1);
-    batch = plan_any(host, is64, requests, 4);
+    batch = plan_any(host, is64, requests, -1);
     if (batch.bad) return PyLong_FromLong(-1);
   }
   /* per-row inputs of the slice: computed >= 0 with c + len <= INT32_MAX, 0 <= checkpoint <= len
@@ -1116,8 +1132,8 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
     if (st->kind[j] == TOKENS) {
       counts[j] = whole ? batch_end - batch_start : end - start;
-    } else if (st->base[j] == 0) {
-      counts[j] = plan_any(sq, is64, sn, st->shift[j]).chunks;
+    } else if (st->base[j] == 0) { /* a slice planned above: its offsets do not decrease */
+      counts[j] = chunks_any(sq, is64, sn, st->shift[j]);
     } else {
       const char *rows_computed = computed ? computed + (whole ? 0 : first) * (c[1] ? 8 : 4) : NULL;
       const char *rows_checkpoints = checkpoints ? checkpoints + (whole ? 0 : first) * (c[3] ? 8 : 4) : NULL;

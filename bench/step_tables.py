@@ -262,9 +262,12 @@ def main(argv: list[str]) -> int:
             fn()
         torch.cuda.synchronize()
         # exactness of what is timed (chunkmeta's tables against the reference): the repeated
-        # batch, and the new-batch builders on their last spare batch once they have run
-        exact = is_exact((kda_gdn, kda_gdn_vllm, mamba2, hybrid), (qsl_cpu, qsl, computed_cpu, computed), decodes)
+        # batch before and after the timed calls (after: as they ran, every view from its memo),
+        # and the new-batch builders on their last spare batch once they have run
+        repeated = (kda_gdn, kda_gdn_vllm, mamba2, hybrid)
+        exact = is_exact(repeated, (qsl_cpu, qsl, computed_cpu, computed), decodes)
         figures = measure(methods, args.rounds, args.calls)
+        exact &= is_exact(repeated, (qsl_cpu, qsl, computed_cpu, computed), decodes)
         exact &= is_exact((kda_gdn_new, mamba2_new), on_device[-1], decodes)
         for name in DEVICE_TIMED:
             figures[name]["device_us"] = device_us_per_call(methods[name], calls=100, lead_us=100 * 120, repeats=3)

@@ -347,8 +347,8 @@ class StepTablesBuilder:
         # own start are counted by the plan
         lengths = np.diff(step.segment).astype(np.int64) if self.needs_computed else None
         if computed is not None:
-            ends = computed[first : first + n].astype(np.int64) + lengths
-            over = np.flatnonzero(ends > _plan.INT32_MAX)
+            # compared with what is left below int32, not summed: an int64 count near its max wraps
+            over = np.flatnonzero(computed[first : first + n].astype(np.int64) > _plan.INT32_MAX - lengths)
             if over.size:
                 i = first + int(over[0])
                 raise ChunkMetaError(

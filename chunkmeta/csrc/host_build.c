@@ -848,8 +848,8 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
       return NULL;
     }
   long k = PyLong_AsLong(args[1]);
-  if (k == -1 && PyErr_Occurred()) return NULL;
-  if (k < 0 || k >= r->depth) k = -1; /* not a ring slot: make_view says why */
+  if (k == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (k < 0 || k >= r->depth) k = -1; /* not one of the ring's slots: no memo, no base (make_view decides) */
   PyObject *tables = PyDict_New();
   if (!tables) return NULL;
   for (int o = 0; o < r->outputs; o++) {

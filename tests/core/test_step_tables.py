@@ -170,6 +170,17 @@ def bad_cases():
             dict(good, num_computed_tokens_cpu=torch.tensor([0, 2**31 - 5, 0], dtype=torch.int64)),
             r"num_computed_tokens_cpu\[1\]=2147483643",
         ),
+        # request 1 has 39 new tokens: 2**31 - 40 is its last position within int32 (accepted below)
+        "computed one past int32": (
+            (q, q),
+            dict(good, num_computed_tokens_cpu=torch.tensor([0, 2**31 - 39, 0], dtype=torch.int64)),
+            r"num_computed_tokens_cpu\[1\]=2147483609",
+        ),
+        "computed near int64's max": (  # a sum would wrap past the int32 check
+            (q, q),
+            dict(good, num_computed_tokens_cpu=torch.tensor([0, 2**63 - 1, 0], dtype=torch.int64)),
+            r"num_computed_tokens_cpu\[1\]=9223372036854775807",
+        ),
         "computed list": ((q, q), dict(good, num_computed_tokens_cpu=[4, 0, 33]), "num_computed_tokens_cpu is a list"),
         "checkpoint beyond the new tokens": (
             (q, q),
@@ -193,6 +204,24 @@ def bad_cases():
         ),
         "padded not a bool": ((q, q), dict(good, padded=1), "padded=1"),
     }
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["c", "general"])
+def test_computed_up_to_int32_positions_builds(general):
+    """The last computed-token count whose new tokens still end within int32 positions builds
+    (the bad cases have the one past it), in the C build and on the general path."""
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=SPECS, device="cpu", backend="torch")
+    if general:
+        python_only(builder)
+    qsl, first, n, _, checkpoints = GOOD
+    computed = [0, 2**31 - 40, 0]  # request 1: 39 new tokens, the last at position 2**31 - 2
+    build(builder, qsl, first, n, computed, checkpoints)  # makes the C build
+    if not general:
+        builder._native = spy = StepSpy(builder._native)
+    tables = build(builder, qsl, first, n, computed, checkpoints)
+    assert_step_tables(tables, builder, qsl, first, n, computed, checkpoints)
+    if not general:
+        assert spy.took == [True]  # built in C, not refused there and left to the general path
 
 
 @pytest.mark.parametrize("case", list(bad_cases()))

@@ -862,6 +862,8 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
   }
   PyObject *step = make_output(r, &r->out[r->outputs], args[1], k, args[2], sources, tables);
+  /* the tables are also the StepTables' instance __dict__: step.<name> is a plain lookup */
+  if (step && Py_TYPE(step)->tp_dictoffset && PyObject_GenericSetDict(step, tables, NULL)) Py_CLEAR(step);
   Py_DECREF(tables);
   return step;
 }

@@ -36,6 +36,9 @@ def assert_same_objects(c_step, py_step):
     assert c_step.names == py_step.names
     for field in ("padded", "generation", "_lease", "_slot"):
         same_value(getattr(c_step, field), getattr(py_step, field), field)
+    for step in (c_step, py_step):  # the tables are the instance __dict__: step.<name> is a plain lookup
+        assert step.__dict__ is step._tables
+        assert all(getattr(step, name) is step[name] for name in step.names)
     for name in c_step.names:
         a, b = c_step[name], py_step[name]
         assert type(a) is type(b), name

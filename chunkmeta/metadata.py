@@ -202,10 +202,11 @@ class SglangMamba2Chunks:
 
 
 class _TablesByName(Leased):
-    """A ``StepTables``' instance ``__dict__``: its tables dict (the result executors,
-    ``chunkmeta.results``, set it), so that ``step.<name>`` is a plain attribute lookup. Through
-    ``__getattr__`` (a failed lookup, then two Python frames) a table took ~0.65 µs on the
-    development CPU where a slot takes ~0.03, and an engine's layers may each read one."""
+    """A ``StepTables``' instance ``__dict__``: its tables dict (``__attrs_post_init__``, and the
+    C result executor of ``chunkmeta.results``), so that ``step.<name>`` is a plain attribute
+    lookup. Through ``__getattr__`` (a failed lookup, then two Python frames) a table took
+    ~0.65 µs on the development CPU where a slot takes ~0.03, and an engine's layers may each
+    read one."""
 
     __slots__ = ("__dict__",)
 
@@ -225,6 +226,9 @@ class StepTables(_TablesByName):
     _slot: int = attrs.field(default=0, alias="slot")
     num_seqs: int = 0
     num_tokens: int = 0
+
+    def __attrs_post_init__(self):
+        object.__setattr__(self, "__dict__", self._tables)  # step.<name> (_TablesByName)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ A recipe is ``(outputs, top)``: ``outputs`` a tuple of ``(name, cls, fields)``, 
   ``PAIRS`` ``[n, 2]`` or ``ROW`` ``[1, n]``; a new object over it (``.data``) with ``fresh``; None
   where ``when`` is a facts index whose fact is false (``ALWAYS``: never None);
 * ``(GENERATION,)``, ``(LEASE,)``, ``(SLOT,)``: the build's; ``(TABLES,)``: the outputs by name
-  (``top`` only), which both executors also make the top object's instance ``__dict__``.
+  (``top`` only), also the top object's instance ``__dict__`` (``StepTables.__attrs_post_init__``
+  makes it so; the C executor, which sets slots directly, does the same).
 """
 
 from __future__ import annotations
@@ -210,8 +211,6 @@ def python_results(recipe, views: dict, make_view, lease):
             return {GENERATION: generation, LEASE: lease, SLOT: slot, TABLES: tables}[op]
 
         tables = {name: cls(*[value(field) for field in fields]) for name, cls, fields in outputs}
-        step = top_cls(*[value(field, tables) for field in top_fields])
-        object.__setattr__(step, "__dict__", tables)  # step.<name> (chunkmeta.metadata.StepTables)
-        return step
+        return top_cls(*[value(field, tables) for field in top_fields])
 
     return results

@@ -220,6 +220,7 @@ class TableRing(SlotLedger):
         """What ``make_view`` slices a ``count``-entry view of: the region, as pairs for ``PAIRS``."""
         base = self._bases.get((slot, region, shape))
         if base is None:
+            assert 0 <= slot < self.depth, slot  # a negative index would read another slot's arena
             base = self.host[region][slot] if isinstance(region, str) else self._regions[slot][region]
             if shape == PAIRS:
                 base = base[: base.shape[0] // 2 * 2].view(-1, 2)

@@ -753,6 +753,10 @@ static PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize
   if (compile_output(r, PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_ITEM(args[1], 1), PyTuple_GET_ITEM(args[1], 2), 1,
                      top, r->need))
     goto fail;
+  if (!top->cls->tp_dictoffset) { /* results() makes its tables the top object's __dict__ */
+    PyErr_SetString(PyExc_TypeError, "make_results: the top class must have an instance __dict__ (StepTables)");
+    goto fail;
+  }
   return capsule;
 fail:
   Py_DECREF(capsule);
@@ -848,7 +852,10 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
       return NULL;
     }
   long k = PyLong_AsLong(args[1]);
-  if (k == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (k == -1 && PyErr_Occurred()) { /* not an int: make_view takes it or says why; anything else stands */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+    PyErr_Clear();
+  }
   if (k < 0 || k >= r->depth) k = -1; /* not one of the ring's slots: no memo, no base (make_view decides) */
   PyObject *tables = PyDict_New();
   if (!tables) return NULL;
@@ -862,8 +869,9 @@ static PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
   }
   PyObject *step = make_output(r, &r->out[r->outputs], args[1], k, args[2], sources, tables);
-  /* the tables are also the StepTables' instance __dict__: step.<name> is a plain lookup */
-  if (step && Py_TYPE(step)->tp_dictoffset && PyObject_GenericSetDict(step, tables, NULL)) Py_CLEAR(step);
+  /* the tables are also the StepTables' instance __dict__ (its __attrs_post_init__ does the same):
+     step.<name> is a plain lookup */
+  if (step && PyObject_GenericSetDict(step, tables, NULL)) Py_CLEAR(step);
   Py_DECREF(tables);
   return step;
 }

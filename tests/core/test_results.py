@@ -111,6 +111,37 @@ def test_c_results_equal_python_results(specs, limit, monkeypatch):
 
 
 @needs_native
+@pytest.mark.parametrize("slot", [np.int64(1), 1.0, True, -1, 2**70, "x"], ids=repr)
+def test_executors_agree_on_a_slot_that_is_not_a_ring_index(slot):
+    # the C executor uses its memo and bases for the ring's slots only, and leaves anything else
+    # to make_view as the Python executor does: the same objects or the same exception
+    builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS_B, device="cpu", backend="torch")
+    build_random(builder, np.random.default_rng(3))  # fills the view cache the executors share
+    counts, facts = _plan_of(builder, np.random.default_rng(3))
+    recipe = R.step_recipe(STEP_SPECS_B, builder.layout, False, builder._fla_seqs_pad, builder.pad, 24)
+    made = {}
+    for name, make in (
+        ("c", builder._results[False]),
+        ("python", R.python_results(recipe, builder.ring.views, builder.ring.make_view, builder.ring)),
+    ):
+        try:
+            made[name] = make(slot, 5, counts, facts)
+        except Exception as exc:  # noqa: BLE001 - compared by type below
+            made[name] = type(exc)
+    if isinstance(made["c"], type):
+        assert made["c"] is made["python"], made
+    else:
+        assert_same_objects(made["c"], made["python"])
+
+
+def _plan_of(builder, rng):
+    """The counts and facts of the step build_random(builder, rng) builds."""
+    recorder = Recorder(builder)
+    build_random(builder, rng)
+    return recorder.calls[-1][1][2:]
+
+
+@needs_native
 @pytest.mark.parametrize(
     "field, error",
     [

@@ -112,7 +112,7 @@ typedef struct {
     for (int64_t i = 0; i < n; i++) total += segment_chunks(values[i], (int64_t)q[i + 1] - (int64_t)q[i], shift);     \
     return total;                                                                                                     \
   }
-/* q[0..n] rebased to start (a host cu_seqlens) */
+/* q[0..n] rebased to start (host_cu_seqlens) */
 #define REBASE(NAME, TQ)                                                                                              \
   VECTORIZED static void NAME(int32_t *out, const TQ *q, int64_t n, int64_t start) {                                  \
     for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)((int64_t)q[i] - start);                                       \
@@ -137,11 +137,14 @@ static int64_t positioned_chunks(const void *q, int q64, const void *values, int
   return v64 ? positioned_chunks_il(q, values, n, shift) : positioned_chunks_ii(q, values, n, shift);
 }
 
-static void rebase(int32_t *out, const void *q, int is64, int64_t n, int64_t start) {
+/* A host cu_seqlens of seqs_out sequences: q[0..n] rebased to start, then zero-length tails up to
+   seqs_out (>= n; the padded layouts' rows past the batch) */
+static void host_cu_seqlens(int32_t *out, const void *q, int is64, int64_t n, int64_t start, int64_t seqs_out) {
   if (is64)
     rebase_i64(out, (const int64_t *)q, n, start);
   else
     rebase_i32(out, (const int32_t *)q, n, start);
+  for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = out[n];
 }
 
 /* A build's slice arguments: first_seq an exact int, num_seqs None (the rest of the batch's
@@ -522,8 +525,7 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   }
   /* the host cu_seqlens: the slice rebased to 0, then zero-length tails up to seqs_out */
   int32_t *out = f->cu_host[slot];
-  rebase(out, q, is64, n, start);
-  for (int64_t i = n + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
+  host_cu_seqlens(out, q, is64, n, start, seqs_out);
   return md;
 }
 
@@ -1197,10 +1199,8 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     if (!out) continue;
     int whole = st->slice[j] == 1;
     const void *sq = whole ? (const void *)host : q;
-    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start, tokens = (whole ? batch_end : end) - s0;
-    int64_t seqs_out = st->padded ? st->seqs_pad[j] : sn;
-    rebase(out, sq, is64, sn, s0);
-    for (int64_t i = sn + 1; i <= seqs_out; i++) out[i] = (int32_t)tokens;
+    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
+    host_cu_seqlens(out, sq, is64, sn, s0, st->padded ? st->seqs_pad[j] : sn);
   }
   PyObject *count_tuple = PyTuple_New(st->entries);
   if (!count_tuple) return NULL;
@@ -1401,7 +1401,7 @@ static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize
   if (start < 0 || end < start || end - start > 2147483647LL - (1LL << b[0])) return PyLong_FromLong(-1);
   Plan p = plan_any(q, is64, n, (int)b[0]);
   if (p.bad || p.chunks > (2147483647LL >> b[0])) return PyLong_FromLong(-1);
-  rebase((int32_t *)(uintptr_t)b[1], q, is64, n, start);
+  host_cu_seqlens((int32_t *)(uintptr_t)b[1], q, is64, n, start, n);
   return Py_BuildValue("(LLLL)", (long long)n, (long long)(end - start), (long long)p.chunks, (long long)p.longest);
 }
 

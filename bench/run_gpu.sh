@@ -1,8 +1,8 @@
 # Run the GPU stages on a CUDA machine.
 #   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo sweep diagnostics vllm
 #   (TESTS_K=expr: pytest -k for tests; TESTS_TIMEOUT_S: stop the tests stage's pytest after that
-#   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS (e.g. --workloads 1x4,1024x64), STEPS,
-#   STRESS_STEPS, SWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
+#   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS
+#   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, SWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
 # directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
 # logs.tar.gz (the logs, the benchmark JSON, the plot), since a lent GPU machine returns only a

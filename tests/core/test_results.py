@@ -118,7 +118,9 @@ def test_executors_agree_on_a_slot_that_is_not_a_ring_index(slot):
     builder = StepTablesBuilder(MAX_SEQS, MAX_TOKENS, tables=STEP_SPECS_B, device="cpu", backend="torch")
     build_random(builder, np.random.default_rng(3))  # fills the view cache the executors share
     counts, facts = _plan_of(builder, np.random.default_rng(3))
-    recipe = R.step_recipe(STEP_SPECS_B, builder.layout, False, builder._fla_seqs_pad, builder.pad, 24)
+    recipe = R.step_recipe(
+        STEP_SPECS_B, builder.layout, False, builder._fla_seqs_pad, builder.pad, builder.capacity.seqs
+    )
     made = {}
     for name, make in (
         ("c", builder._results[False]),

@@ -5,7 +5,9 @@
 Times, per call (medians of 2,000): a KDA/GDN step build (FLA prefill + batch + conv1d, 32 + 32
 requests), its one C call and its result objects; the Mamba2 step build (SSD chunks + conv1d of
 the prefill rows), also with new tensor objects each call as an engine passes them, and its C
-call; the Triton launcher alone; the one-shot and its parts; one device allocation. With
+call; the Triton launcher alone; the one-shot and its parts; one device allocation; and at 1024
+requests (``large_step_parts``) the KDA/GDN and the hybrid step's build, its C call with and
+without the launch, and its result objects. With
 ``--out`` it writes its record (``bench/results.py``: ``diag_launch.runs.jsonl``) there.
 """
 
@@ -24,6 +26,9 @@ from chunkmeta import tables as T
 
 sys.path.insert(0, str(Path(__file__).parent))
 import results as runs
+from step_tables import MAMBA_CHUNK, make_case
+
+from chunkmeta.replay import kda_tables, mamba2_tables
 
 
 def per_call_us(fn, calls=2000):
@@ -33,6 +38,39 @@ def per_call_us(fn, calls=2000):
         fn()
         samples.append((time.perf_counter_ns() - start) / 1e3)
     return statistics.median(samples)
+
+
+def large_step_parts() -> dict:
+    """Where a build's host time goes at 1024 requests / 65,536 tokens (``bench/step_tables.py``'s
+    largest workload, its batch), for the KDA/GDN step and the hybrid one: the build, its C call,
+    that call's host side alone (the same builder's entries, no kernel: the difference is the
+    launch) and the result objects."""
+    qsl_cpu, computed_cpu = make_case(0, 1024, 65536, seed=1024)
+    qsl, computed = qsl_cpu.cuda(), computed_cpu.cuda()
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    figures = {}
+    for label, specs in (("kda/gdn", kda_tables(64)), ("hybrid", {**kda_tables(64), **mamba2_tables(MAMBA_CHUNK)})):
+        builder = StepTablesBuilder(1024, 65536 + 1024, tables=specs, device="cuda")
+        c_in = (computed, computed_cpu) if builder.needs_computed else (None, None)
+        rows = dict(zip(("num_computed_tokens", "num_computed_tokens_cpu"), c_in, strict=True))
+        builder.build(qsl, qsl_cpu, **rows)
+        ring = builder.ring
+        arenas = [ring.pointer(k) for k in range(ring.depth)]
+        host_only = builder.native_steps(0, 1, 1, 0, False, arenas, ring.host_pointers())
+        tail = (builder._wants, qsl, qsl_cpu, 0, None, *c_in, None, None, 1, stream, builder._dummy_address)
+        tail += (builder._device_index,)
+        counts, facts, _ = builder._native.step_tensors(builder._c_steps[False], *tail)
+        make_results = builder._results[False]
+        figures[f"1024 requests, {label}: step build"] = per_call_us(lambda: builder.build(qsl, qsl_cpu, **rows))
+        figures[f"1024 requests, {label}: native.step_tensors"] = per_call_us(
+            lambda: builder._native.step_tensors(builder._c_steps[False], *tail)
+        )
+        figures[f"1024 requests, {label}: its host side alone"] = per_call_us(
+            lambda: builder._native.step_tensors((host_only,) * 8, *tail)
+        )
+        figures[f"1024 requests, {label}: result objects"] = per_call_us(lambda: make_results(1, 7, counts, facts))
+    torch.cuda.synchronize()
+    return figures
 
 
 def main(argv: list[str]) -> int:
@@ -116,6 +154,7 @@ def main(argv: list[str]) -> int:
         ),
         "torch.empty (cuda)": per_call_us(lambda: torch.empty(1000, dtype=torch.int64, device="cuda")),
         "empty Python call": per_call_us(lambda: None),
+        **large_step_parts(),
     }
     for name, us in figures.items():
         print(f"{name}: {us:.1f} us")

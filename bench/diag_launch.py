@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chunkmeta import StepTablesBuilder, build_chunk_metadata, plan
+from chunkmeta import StepTablesBuilder, arena, build_chunk_metadata, plan
 from chunkmeta import builder as builder_module
 from chunkmeta import tables as T
 
@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
     module = builder._native
     n, nt = 32, 300
     cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+    one_shot_arena = arena.arena(0, stream, torch.int32)
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
         "step: native.step_tensors (checks, host side, launch)": per_call_us(
@@ -145,10 +146,13 @@ def main(argv: list[str]) -> int:
         "a tensor view (what an engine makes per input per step)": per_call_us(lambda: qsl[:]),
         "step launch alone (Triton fast launcher)": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
         "one-shot build": per_call_us(lambda: build_chunk_metadata(prefill, prefill_cpu)),
-        "one-shot: its tensors (1 allocation, split, views)": per_call_us(
-            lambda: builder_module._one_shot_tensors(n, nt, torch.int32, qsl.device, zeroed=False)
+        "one-shot: its outputs (4 views from chunkmeta.arena)": per_call_us(lambda: one_shot_arena.take(n, nt)),
+        "one-shot: its outputs if allocated (1 allocation, split, views; host torch.empty)": per_call_us(
+            lambda: (
+                builder_module._one_shot_tensors(n, nt, torch.int32, qsl.device, zeroed=False),
+                torch.empty(n + 1, dtype=torch.int32),
+            )
         ),
-        "one-shot: host cu_seqlens (torch.empty cpu)": per_call_us(lambda: torch.empty(n + 1, dtype=torch.int32)),
         "one-shot: oneshot_plan": per_call_us(
             lambda: module.oneshot_plan(*plan.plain_host_tensor(prefill_cpu), 0, None, 6, cu_cpu.data_ptr(), n + 1)
         ),

@@ -20,6 +20,7 @@ import sys
 
 import torch
 
+from chunkmeta import arena as _arena
 from chunkmeta import layout as _layout
 from chunkmeta import native
 from chunkmeta import plan as _plan
@@ -450,11 +451,13 @@ def build_chunk_metadata(
     backend: str = "auto",
     indices_dtype: torch.dtype = torch.int32,
 ) -> ChunkMetadata:
-    """One-shot build into freshly allocated tensors (sized to this batch): no ring, always live.
+    """One-shot build into fresh tensors (sized to this batch): no ring, always live.
 
-    One device allocation holds the three tables and one launch fills them, every entry
-    included (no memset); its kernel is compiled once per process per power-of-two bucket of
-    sequences. ``indices_dtype=torch.int64`` writes ``chunk_indices`` as int64 (the ROCm
+    The tables are new slices of ``chunkmeta.arena``'s blocks (views, not allocations: nothing
+    else ever writes them; a live result keeps its blocks from being freed), and one launch
+    fills them, every entry included (no memset); its kernel is compiled once per process per
+    power-of-two bucket of sequences. A one-shot captured into a CUDA graph allocates them
+    instead, from the graph's pool. ``indices_dtype=torch.int64`` writes ``chunk_indices`` as int64 (the ROCm
     Kimi-K3 helper's contract for int64 ``cu_seqlens``), outside FLA's int32 contract.
     For a step loop, keep a ``ChunkMetadataBuilder`` instead: it allocates once.
     """
@@ -474,9 +477,11 @@ def build_chunk_metadata(
     widest = _plan.Capacity(_plan.MAX_NUM_SEQS, _plan.INT32_MAX - chunk_size, _plan.INT32_MAX // chunk_size)
     step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest, _plan.host_address(host))
     n, nt = step.num_seqs, step.num_chunks
-    # the torch fill skips entry 0 of cu_seqlens / chunk_offsets (the kernel writes it: WRITE_FIRST)
-    offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=backend == "torch")
-    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+    if backend == "torch":  # its fill skips entry 0 of cu_seqlens / chunk_offsets: zeroed memory
+        offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=True)
+        cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+    else:
+        offsets, cu, indices, cu_cpu = _one_shot_outputs(device, n, nt, indices_dtype)
     _plan.write_host_cu_seqlens(step, cu_cpu.numpy())
     shape = _layout.exact(n, nt)
     if backend == "torch":
@@ -520,8 +525,10 @@ def _one_shot_key(chunk_size: int, num_seqs: int, indices_dtype) -> tuple:
 
 
 def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zeroed: bool):
-    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot, in one allocation of int32
-    words: chunk_offsets int64 ``[N+1]`` | chunk_indices ``[NT, 2]`` | cu_seqlens int32 ``[N+1]``.
+    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot that allocates them (the
+    torch fill, which needs them zeroed, and a one-shot being captured into a CUDA graph), in one
+    allocation of int32 words: chunk_offsets int64 ``[N+1]`` | chunk_indices ``[NT, 2]`` |
+    cu_seqlens int32 ``[N+1]``.
     In that order every table starts aligned to its dtype, and the split gives each its exact
     size: four tensor calls in all (each costs about a microsecond of host time)."""
     words_per_index = 1 if indices_dtype == torch.int32 else 2
@@ -560,48 +567,41 @@ def _one_shot_capsule(fill, dtype, chunk_size):
     )
 
 
+def _one_shot_outputs(device: torch.device, num_seqs: int, num_chunks: int, indices_dtype):
+    """``(chunk_offsets, cu_seqlens, chunk_indices, cu_seqlens_cpu)`` for a one-shot's Triton
+    fill (which writes every entry): views from the arena of the current stream, or, on a stream
+    being captured into a CUDA graph, fresh allocations (``chunkmeta.arena`` says why)."""
+    if device.type != "cuda":
+        return _arena.arena(-1, 0, indices_dtype).take(num_seqs, num_chunks)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        if torch.cuda.is_current_stream_capturing():
+            tables = _one_shot_tensors(num_seqs, num_chunks, indices_dtype, device, zeroed=False)
+            return (*tables, torch.empty(num_seqs + 1, dtype=torch.int32))
+        stream = torch.cuda.current_stream(index).cuda_stream
+        return _arena.arena(index, stream, indices_dtype).take(num_seqs, num_chunks)
+
+
 def _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num_seqs, backend, indices_dtype):
-    """The one-shot with its host side in C (plan, checks, host copy, launch) once its kernel is
-    compiled and launchable from C; None where the general path must run (first calls, bad
-    input, CPU tensors, another current device)."""
-    if backend != "auto" and backend != "triton":
+    """The one-shot's whole host side in one C call (``chunkmeta.native``'s ``oneshot``) once a
+    fill for it is compiled and launchable from C; None where the general path must run (first
+    calls, bad input, CPU tensors, another current device, a stream being captured)."""
+    if (backend != "auto" and backend != "triton") or not _ONE_SHOT_C or indices_dtype not in _INT_DTYPES:
+        return None  # no CUDA one-shot ran yet: nothing is compiled (and CUDA may be uninitialized)
+    device = torch._C._cuda_getDevice()
+    if torch._C._cuda_isCurrentStreamCapturing():
         return None
-    host = _plan.plain_host_tensor(query_start_loc_cpu)
-    if (
-        host is None
-        or not _plan.is_plain_device_tensor(query_start_loc, host[1])
-        or not query_start_loc.is_cuda
-        or type(chunk_size) is not int
-        or type(first_seq) is not int
-        or not (num_seqs is None or type(num_seqs) is int)
-    ):
-        return None
-    n = host[1] - 1 - first_seq if num_seqs is None else num_seqs
-    key = (*_one_shot_key(chunk_size, n, indices_dtype), query_start_loc.dtype)
-    capsule = _ONE_SHOT_C.get(key)
-    device = query_start_loc.get_device()
-    if not capsule or n < 0 or torch._C._cuda_getDevice() != device:
-        return None
-    module = native.module()
-    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
-    out = module.oneshot_plan(*host, first_seq, num_seqs, chunk_size.bit_length() - 1, cu_cpu.data_ptr(), n + 1)
-    if type(out) is int:
-        return None
-    n, tokens, nt, longest = out
-    offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, query_start_loc.device, zeroed=False)
-    err = module.launch_fill(
-        capsule,
-        query_start_loc.data_ptr(),
-        cu.data_ptr(),
-        indices.data_ptr(),
-        offsets.data_ptr(),
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    made = native.module().oneshot(
+        _ONE_SHOT_C,
+        _arena.arena(device, stream, indices_dtype),
+        query_start_loc,
+        query_start_loc_cpu,
         first_seq,
-        n,
-        nt,
-        n,
-        torch._C._cuda_getCurrentRawStream(device),
+        num_seqs,
+        chunk_size,
+        indices_dtype,
+        device,
+        stream,
     )
-    if err:
-        _ONE_SHOT_C[key] = None  # a kernel that cannot launch from C is not retried every call
-        return None
-    return module.metadata(cu, cu_cpu, indices, offsets, chunk_size, n, tokens, nt, longest, None, 0, None, 0)
+    return None if type(made) is int else made

@@ -23,6 +23,9 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its job
   ``results(recipe, ...)`` (``make_results`` compiles a ``chunkmeta.results`` recipe) then makes
   the step's result objects. ``step_host`` is its host side for graph mode
   (``chunkmeta.StepGraphBuild.prepare``), from the host tensors alone.
+* ``oneshot(fills, arena, ...)``: ``chunkmeta.build_chunk_metadata``'s whole host side on CUDA
+  once its fill is compiled: the tensors' checks, the plan, its outputs (views from
+  ``chunkmeta.arena``), the host copy, the launch and the ``ChunkMetadata``.
 
 The kernel's parameter layout is Triton's: the non-constexpr arguments in order (pointers 8
 bytes, int32 scalars 4 bytes), then trailing scratch pointers Triton appends (passed as NULL, as

@@ -8,7 +8,8 @@
    - make_steps() / step_tensors(): the same for a step builder's tables (chunkmeta.step_builder),
      from its input tensors; step_host(): graph mode's host side of a step (chunkmeta.graph);
      make_results() / results(): its result objects from a recipe (chunkmeta.results);
-   - oneshot_plan() / launch_fill(): the one-shot's (chunkmeta.builder.build_chunk_metadata).
+   - oneshot(): the one-shot's (chunkmeta.builder.build_chunk_metadata) on CUDA, into views of
+     chunkmeta.arena; oneshot_plan(): its plan alone.
    MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
    different sources never collide in one process. */
 #ifndef MODULE_NAME
@@ -239,6 +240,22 @@ static void free_fill(PyObject *capsule) {
   PyMem_Free(f);
 }
 
+/* A fill's kernel on one set of tables: ptrs = (qsl, params, cu, indices, offsets), scalars =
+   (first_seq, num_seqs, rows_out, seqs_out, pad_seq); 0 or the CUresult. */
+static int launch_fill_kernel(const Fill *f, uint64_t ptrs[5], int32_t scalars[5], int64_t rows_out, void *stream) {
+  uint64_t scratch[MAX_TRAILING] = {0};
+  void *params[NUM_ARGS + MAX_TRAILING];
+  for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
+  for (int i = 0; i < 5; i++) params[5 + i] = &scalars[i];
+  for (int i = 0; i < f->trailing; i++) params[NUM_ARGS + i] = &scratch[i];
+  unsigned grid = rows_out > 0 ? (unsigned)((rows_out + f->block_rows - 1) / f->block_rows) : 1u;
+  int err;
+  Py_BEGIN_ALLOW_THREADS
+  err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, stream, params, NULL);
+  Py_END_ALLOW_THREADS
+  return err;
+}
+
 /* bind_cuda() -> bool: find cuLaunchKernel and cuFuncGetParamInfo in the loaded driver. */
 static PyObject *py_bind_cuda(PyObject *self, PyObject *unused) {
   if (!launch_kernel) {
@@ -384,16 +401,6 @@ static PyObject *new_metadata(PyObject *const *values) {
   return new_object(metadata_type, metadata_fields, values, NUM_FIELDS);
 }
 
-/* metadata(*fields) -> a ChunkMetadata from its 13 field values, in attrs order, without the
-   constructor's checks: for builders whose values are their own views and validated sizes. */
-static PyObject *py_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (!metadata_type || nargs != NUM_FIELDS) {
-    PyErr_SetString(PyExc_TypeError, "metadata takes the 13 fields (after set_metadata_class)");
-    return NULL;
-  }
-  return new_metadata(args);
-}
-
 /* A new tensor object over the same memory as `view` (new reference), or NULL with an error:
    what FLA's identity-memoized helpers need of each build's cu_seqlens. `.data` makes it without
    the dispatcher, in about half the host time of a detach(); the alias is only read, so the
@@ -507,17 +514,7 @@ static PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t narg
   if (f->function && (n > 0 || f->seqs_out >= 0)) {
     uint64_t ptrs[5] = {(uint64_t)b[0], f->params, f->cu[slot], f->indices[slot], f->offsets[slot]};
     int32_t scalars[5] = {(int32_t)first, (int32_t)n, (int32_t)rows_out, (int32_t)seqs_out, f->pad_seq};
-    uint64_t scratch[MAX_TRAILING] = {0};
-    void *params[NUM_ARGS + MAX_TRAILING];
-    for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
-    for (int i = 0; i < 5; i++) params[5 + i] = &scalars[i];
-    for (int i = 0; i < f->trailing; i++) params[NUM_ARGS + i] = &scratch[i];
-    unsigned grid = rows_out > 0 ? (unsigned)((rows_out + f->block_rows - 1) / f->block_rows) : 1u;
-    int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)b[2], params,
-                        NULL);
-    Py_END_ALLOW_THREADS
+    int err = launch_fill_kernel(f, ptrs, scalars, rows_out, (void *)(uintptr_t)b[2]);
     if (err) {
       Py_DECREF(md);
       return PyLong_FromLong(err);
@@ -1379,58 +1376,140 @@ static PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* ---- the one-shot: its plan and host copy, then its launch, from C ------------------------ */
-/* oneshot_plan(host, host_len, is64, first_seq, num_seqs, shift, cu_host, cu_len)
-   -> (n, tokens, chunks, longest), or -1 for input the general path must check (nothing
-   written). cu_host: int32 [cu_len] that receives the rebased slice (cu_len must be n + 1). */
+/* A one-shot's plan (chunkmeta.builder.build_chunk_metadata): the slice [first, first + n) of a
+   host query_start_loc of `length` entries, in its widest sizes (2^16 sequences, int32 tokens
+   and chunks of 2^shift). 0 with *out set, or -1: anything the general path must check. */
+typedef struct {
+  const void *q; /* the slice's offsets */
+  int64_t first, n, start, end;
+  Plan plan;
+} OneShotPlan;
+
+static int one_shot_plan(const char *host, int is64, int64_t length, PyObject *first_obj, PyObject *num_obj,
+                         int shift, OneShotPlan *out) {
+  long long first, n;
+  int64_t requests = length - 1;
+  if (shift < 0 || shift > 31 || slice_args(first_obj, num_obj, requests, &first, &n)) return -1;
+  if (requests < 0 || first < 0 || first > requests || n > 65536 || first + n > requests) return -1;
+  out->q = host + first * (is64 ? 8 : 4);
+  out->first = first, out->n = n;
+  out->start = load(out->q, is64, 0), out->end = load(out->q, is64, n);
+  if (out->start < 0 || out->end < out->start || out->end - out->start > 2147483647LL - (1LL << shift)) return -1;
+  out->plan = plan_any(out->q, is64, n, shift);
+  return out->plan.bad || out->plan.chunks > (2147483647LL >> shift) ? -1 : 0;
+}
+
+/* oneshot_plan(host, length, is64, first_seq, num_seqs, shift, cu_host, cu_len) -> (n, tokens,
+   chunks, longest) with the host cu_seqlens written at cu_host (cu_len == n + 1), or -1: the
+   plan alone, which CPU tests check against chunkmeta.plan. */
 static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 8) {
     PyErr_SetString(PyExc_TypeError, "oneshot_plan takes 8 arguments");
     return NULL;
   }
-  long long a[3], b[3], first, n;
+  long long a[3], b[3];
   if (int_args(args, 3, 3, a) || int_args(args + 5, 3, 3, b)) return NULL;
-  if (slice_args(args[3], args[4], a[1] - 1, &first, &n) || b[0] < 0 || b[0] > 31) return PyLong_FromLong(-1);
-  const char *host = (const char *)(uintptr_t)a[0];
-  int is64 = (int)a[2];
-  int64_t requests = a[1] - 1;
-  /* the one-shot's widest sizes (chunkmeta.builder.build_chunk_metadata): 2^16 sequences, int32 tokens */
-  if (requests < 0 || first < 0 || first > requests || n > 65536 || first + n > requests || b[2] != n + 1)
+  OneShotPlan p;
+  if (b[0] < 0 || b[0] > 31 ||
+      one_shot_plan((const char *)(uintptr_t)a[0], (int)a[2], a[1], args[3], args[4], (int)b[0], &p) ||
+      b[2] != p.n + 1)
     return PyLong_FromLong(-1);
-  const void *q = host + first * (is64 ? 8 : 4);
-  int64_t start = load(q, is64, 0), end = load(q, is64, n);
-  if (start < 0 || end < start || end - start > 2147483647LL - (1LL << b[0])) return PyLong_FromLong(-1);
-  Plan p = plan_any(q, is64, n, (int)b[0]);
-  if (p.bad || p.chunks > (2147483647LL >> b[0])) return PyLong_FromLong(-1);
-  host_cu_seqlens((int32_t *)(uintptr_t)b[1], q, is64, n, start, n);
-  return Py_BuildValue("(LLLL)", (long long)n, (long long)(end - start), (long long)p.chunks, (long long)p.longest);
+  host_cu_seqlens((int32_t *)(uintptr_t)b[1], p.q, (int)a[2], p.n, p.start, p.n);
+  return Py_BuildValue("(LLLL)", (long long)p.n, (long long)(p.end - p.start), (long long)p.plan.chunks,
+                       (long long)p.plan.longest);
 }
 
-/* launch_fill(fill, qsl, cu, indices, offsets, first_seq, num_seqs, rows_out, seqs_out, stream)
-   -> 0, or the CUresult of a failed launch: a fill's kernel on outputs of the caller's (the
-   one-shot's fresh tensors), with the exact layout's sizes. */
-static PyObject *py_launch_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 10) {
-    PyErr_SetString(PyExc_TypeError, "launch_fill takes 10 arguments");
+static int plain_tensor(PyObject *t, long device, long long *out);
+
+/* The data_ptr() of each of n tensors into out; 0, or -1 with an error. */
+static int data_pointers(PyObject *const *tensors, int n, uint64_t *out) {
+  static PyObject *name = NULL;
+  if (!name && !(name = PyUnicode_InternFromString("data_ptr"))) return -1;
+  for (int i = 0; i < n; i++) {
+    PyObject *v = PyObject_CallMethodNoArgs(tensors[i], name);
+    out[i] = v ? (uint64_t)PyLong_AsUnsignedLongLong(v) : 0;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+/* oneshot(fills, arena, qsl, qsl_cpu, first_seq, num_seqs, chunk_size, indices_dtype, device,
+           stream) -> ChunkMetadata, or an int: -1 for anything the general path must take
+   (nothing written or launched), or the CUresult of a failed launch (its fill is then set to
+   None in `fills`). The one-shot's whole host side on CUDA in one call: the tensors' checks, the
+   plan, its outputs from the arena (chunkmeta.arena: `arena.take(n, nt)`), the host copy, the
+   launch of the fill compiled for it (fills: chunkmeta.builder._ONE_SHOT_C, keyed (chunk_size,
+   lanes, indices_dtype, qsl dtype)) and the result. */
+static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 10 || !PyDict_Check(args[0]) || !PyLong_CheckExact(args[6])) {
+    if (nargs == 10 && PyDict_Check(args[0])) return PyLong_FromLong(-1); /* a chunk_size of another type */
+    PyErr_SetString(PyExc_TypeError, "oneshot(fills: dict, arena, qsl, qsl_cpu, first_seq, num_seqs, chunk_size, "
+                                     "indices_dtype, device, stream)");
     return NULL;
   }
-  Fill *f = PyCapsule_GetPointer(args[0], "chunkmeta.fill");
-  if (!f) return NULL;
-  long long a[9];
-  if (int_args(args + 1, 9, 9, a)) return NULL;
-  if (!f->function) return PyLong_FromLong(0);
-  uint64_t ptrs[5] = {(uint64_t)a[0], (uint64_t)a[0], (uint64_t)a[1], (uint64_t)a[2], (uint64_t)a[3]};
-  int32_t scalars[5] = {(int32_t)a[4], (int32_t)a[5], (int32_t)a[6], (int32_t)a[7], 0};
-  uint64_t scratch[MAX_TRAILING] = {0};
-  void *params[NUM_ARGS + MAX_TRAILING];
-  for (int i = 0; i < 5; i++) params[i] = &ptrs[i];
-  for (int i = 0; i < 5; i++) params[5 + i] = &scalars[i];
-  for (int i = 0; i < f->trailing; i++) params[NUM_ARGS + i] = &scratch[i];
-  unsigned grid = a[6] > 0 ? (unsigned)((a[6] + f->block_rows - 1) / f->block_rows) : 1u;
-  int err;
-  Py_BEGIN_ALLOW_THREADS
-  err = launch_kernel(f->function, grid, 1, 1, f->threads, 1, 1, f->shared, (void *)(uintptr_t)a[8], params, NULL);
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(err);
+  if (!metadata_type) {
+    PyErr_SetString(PyExc_RuntimeError, "set_metadata_class was not called");
+    return NULL;
+  }
+  long long chunk_size = PyLong_AsLongLong(args[6]), e[2];
+  if (chunk_size == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (int_args(args + 8, 2, 2, e)) return NULL;
+  long long host[3], qsl[3];
+  if (chunk_size < 1 || chunk_size > (1LL << 31) || (chunk_size & (chunk_size - 1)) || e[0] < 0 ||
+      !plain_tensor(args[3], -1, host) || host[1] < 1 || !plain_tensor(args[2], (long)e[0], qsl) || qsl[1] != host[1])
+    return PyLong_FromLong(-1);
+  int shift = 0;
+  while ((1LL << shift) < chunk_size) shift++;
+  OneShotPlan p;
+  if (one_shot_plan((const char *)(uintptr_t)host[0], (int)host[2], host[1], args[4], args[5], shift, &p))
+    return PyLong_FromLong(-1);
+  long long lanes = 16;
+  while (lanes < p.n) lanes <<= 1;
+  PyObject *key = Py_BuildValue("(LLOO)", chunk_size, lanes, args[7], qsl[2] ? dtype_i64 : dtype_i32);
+  PyObject *fill = key ? PyDict_GetItemWithError(args[0], key) : NULL; /* borrowed */
+  Fill *f = fill && PyCapsule_CheckExact(fill) ? PyCapsule_GetPointer(fill, "chunkmeta.fill") : NULL;
+  if (!f || !f->function) { /* no fill compiled for it yet, or none that launches from C */
+    Py_XDECREF(key);
+    return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
+  }
+  static PyObject *take = NULL;
+  PyObject *n_obj = PyLong_FromLongLong(p.n), *nt_obj = PyLong_FromLongLong(p.plan.chunks), *outputs = NULL;
+  if (n_obj && nt_obj && (take || (take = PyUnicode_InternFromString("take"))))
+    outputs = PyObject_CallMethodObjArgs(args[1], take, n_obj, nt_obj, NULL);
+  /* outputs: (chunk_offsets, cu_seqlens, chunk_indices, cu_seqlens_cpu), fresh */
+  uint64_t at[4];
+  if (!outputs || !PyTuple_Check(outputs) || PyTuple_GET_SIZE(outputs) != 4 ||
+      data_pointers(&PyTuple_GET_ITEM(outputs, 0), 4, at)) {
+    if (outputs && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "arena.take must return 4 tensors");
+    Py_XDECREF(outputs);
+    outputs = NULL;
+  }
+  PyObject *md = NULL;
+  if (outputs) {
+    uint64_t ptrs[5] = {(uint64_t)qsl[0], (uint64_t)qsl[0], at[1], at[2], at[0]};
+    int32_t scalars[5] = {(int32_t)p.first, (int32_t)p.n, (int32_t)p.plan.chunks, (int32_t)p.n, 0};
+    int err = launch_fill_kernel(f, ptrs, scalars, p.plan.chunks, (void *)(uintptr_t)e[1]);
+    if (err) { /* this fill does not launch from C: not retried every call */
+      md = PyDict_SetItem(args[0], key, Py_None) ? NULL : PyLong_FromLong(err);
+    } else {
+      host_cu_seqlens((int32_t *)(uintptr_t)at[3], p.q, (int)host[2], p.n, p.start, p.n);
+      PyObject *ints[4] = {PyLong_FromLongLong(p.end - p.start), PyLong_FromLongLong(p.plan.longest),
+                           PyLong_FromLong(0), NULL};
+      if (ints[0] && ints[1] && ints[2]) {
+        PyObject *values[NUM_FIELDS] = {PyTuple_GET_ITEM(outputs, 1), PyTuple_GET_ITEM(outputs, 3),
+                                        PyTuple_GET_ITEM(outputs, 2), PyTuple_GET_ITEM(outputs, 0),
+                                        args[6], n_obj, ints[0], nt_obj, ints[1], Py_None, ints[2], Py_None, ints[2]};
+        md = new_metadata(values);
+      }
+      for (int i = 0; i < 3; i++) Py_XDECREF(ints[i]);
+    }
+  }
+  Py_XDECREF(outputs);
+  Py_XDECREF(n_obj);
+  Py_XDECREF(nt_obj);
+  Py_DECREF(key);
+  return md;
 }
 
 static PyMethodDef methods[] = {
@@ -1439,8 +1518,7 @@ static PyMethodDef methods[] = {
     {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
     {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
     {"oneshot_plan", (PyCFunction)(void (*)(void))py_oneshot_plan, METH_FASTCALL, "a one-shot's plan and host copy"},
-    {"launch_fill", (PyCFunction)(void (*)(void))py_launch_fill, METH_FASTCALL, "a fill on the caller's outputs"},
-    {"metadata", (PyCFunction)(void (*)(void))py_metadata, METH_FASTCALL, "a ChunkMetadata, unchecked"},
+    {"oneshot", (PyCFunction)(void (*)(void))py_oneshot, METH_FASTCALL, "a one-shot build on CUDA"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step_host", (PyCFunction)(void (*)(void))py_step_host, METH_FASTCALL, "graph mode's host side of a step"},
     {"step_tensors", (PyCFunction)(void (*)(void))py_step_tensors, METH_FASTCALL, "a step build from its tensors"},

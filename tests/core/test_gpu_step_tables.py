@@ -123,21 +123,30 @@ def test_one_shot_exact_no_sync_one_kernel():
     steps = [random_step(rng, MAX_SEQS, MAX_TOKENS) for _ in range(300)]
     for qsl, first, _n, _, _ in steps[:5]:  # compile the buckets outside
         build_chunk_metadata(torch.tensor(qsl, dtype=torch.int32).cuda(), torch.tensor(qsl), first_seq=first)
+    side = torch.cuda.Stream()  # every fifth build on another stream: its own arena
+    made = []
     for i, (qsl, first, n, _, _) in enumerate(steps):
         dtype = torch.int64 if i % 3 == 0 else torch.int32
         q = torch.tensor(qsl, dtype=dtype)
-        md = build_chunk_metadata(q.cuda(), q, first_seq=first, num_seqs=n, indices_dtype=dtype)
-        if dtype == torch.int32:
+        with torch.cuda.stream(side if i % 5 == 0 else torch.cuda.current_stream()):
+            made.append(build_chunk_metadata(q.cuda(), q, first_seq=first, num_seqs=n, indices_dtype=dtype))
+    torch.cuda.synchronize()
+    # checked after all of them ran: no later build wrote over an earlier one's tables
+    for i, (md, (qsl, first, n, _, _)) in enumerate(zip(made, steps, strict=True)):
+        if i % 3:
             assert_exact(md, Batch(qsl, first, n), 64)
         else:
             ref = reference.chunk_metadata(qsl, 64, first, n)
             assert md.chunk_indices.dtype == torch.int64
             assert [tuple(r) for r in md.chunk_indices.cpu().tolist()] == ref.chunk_indices
             assert md.chunk_offsets.cpu().tolist() == ref.chunk_offsets
+    from chunkmeta import arena
     from chunkmeta import builder as builder_module
 
-    # after its first call per bucket, the one-shot's host side and launch run in C
+    # after its first call per bucket, the one-shot's host side and launch run in C, into views
+    # of one arena per stream
     assert any(builder_module._ONE_SHOT_C.values()), builder_module._ONE_SHOT_C
+    assert {key[1] for key in arena._ARENAS} >= {side.cuda_stream, torch.cuda.current_stream().cuda_stream}
     qsl, first, n, _, _ = steps[0]
     q = torch.tensor(qsl, dtype=torch.int32)
     qd = q.cuda()
@@ -147,6 +156,30 @@ def test_one_shot_exact_no_sync_one_kernel():
             build_chunk_metadata(qd, q, first_seq=first, num_seqs=n)
     kernels, copies = cuda_activity(lambda: build_chunk_metadata(qd, q, first_seq=first, num_seqs=n))
     assert len(kernels) == 1 and copies == [], (kernels, copies)
+
+
+def test_one_shot_in_a_captured_graph_allocates_from_its_pool():
+    """A one-shot captured into a CUDA graph takes no arena memory: each replay rewrites its
+    outputs, which must be the graph's own."""
+    qsl = [0, 5, 300, 301, 1000]
+    q = torch.tensor(qsl, dtype=torch.int32)
+    qd = q.cuda()
+    build_chunk_metadata(qd, q)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        md = build_chunk_metadata(qd, q)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_exact(md, Batch(qsl, 0, 4), 64)
+    from chunkmeta import arena
+
+    blocks = [block for a in arena._ARENAS.values() for block in a.blocks()]
+    inside = [
+        b.untyped_storage().data_ptr() <= t.data_ptr() < b.untyped_storage().data_ptr() + b.untyped_storage().nbytes()
+        for b in blocks
+        for t in (md.cu_seqlens, md.chunk_indices, md.chunk_offsets)
+    ]
+    assert not any(inside)
 
 
 @pytest.mark.parametrize("table_set", list(TABLE_SETS))

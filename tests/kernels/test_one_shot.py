@@ -1,5 +1,6 @@
-"""The one-shot build: one allocation, one launch writing every entry, a kernel per bucket of
-sequences compiled once per process (the Triton kernel under the interpreter on CPU)."""
+"""The one-shot build: fresh outputs from the arena (``chunkmeta.arena``), one launch writing
+every entry, a kernel per bucket of sequences compiled once per process (the Triton kernel
+under the interpreter on CPU)."""
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def test_int64_indices(backend):
 
 
 def test_write_first_fills_fresh_memory():
-    """The one-shot allocates without zeroing: the fill itself writes entry 0."""
+    """The one-shot's outputs are not zeroed (arena memory): the fill itself writes entry 0."""
     qsl = torch.tensor([0, 3, 100], dtype=torch.int32)
     fill = TritonFill(chunk_size=64, block_seqs=16, padded=False, params_on_device=False, write_first=True)
     cu = torch.full((3,), -7, dtype=torch.int32)
@@ -46,6 +47,19 @@ def test_write_first_fills_fresh_memory():
     fill(qsl, qsl, cu, indices, offsets, 0, 2, 3, 2, 0)
     assert cu.tolist() == [0, 3, 100] and offsets.tolist() == [0, 1, 3]
     assert indices.tolist() == [[0, 0], [1, 0], [1, 1]]
+
+
+def test_results_stay_exact_while_later_builds_run(monkeypatch):
+    """Each result owns its memory: later one-shots, past several of the arena's blocks, leave it
+    as it was built."""
+    from chunkmeta import arena
+
+    monkeypatch.setitem(arena._ARENAS, (-1, 0, torch.int32), arena.Arena(-1, torch.int32, block_entries=24))
+    batches = [from_lengths(lengths) for lengths in ([5], [70, 1, 0, 3], [130], [1] * 9, [64, 65], [0, 0, 7])] * 4
+    kept = [build_chunk_metadata(*tensors_for(b), backend="triton") for b in batches]
+    assert arena._ARENAS[(-1, 0, torch.int32)].blocks_made > 4
+    for md, batch in zip(kept, batches, strict=True):
+        assert_exact(md, batch, 64)
 
 
 def test_kernel_compiled_once_per_bucket():

@@ -91,26 +91,56 @@ typedef struct {
   int bad, any;
 } RowFlags;
 
-/* num_computed_tokens: bad if any request's is negative, or a slice row's computed + new tokens
-   passes int32 positions (q: the slice's offsets, already checked non-decreasing, so len >= 0
-   and nothing overflows); any: a slice row has a cached prefix (prep_initial_states) */
-#define COMPUTED_ROWS(NAME, TQ, TV)                                                                                   \
-  VECTORIZED static RowFlags NAME(const TQ *q, const TV *values, int64_t requests, int64_t first, int64_t n) {        \
+/* A per-request array's flags (q: the slice's offsets, already checked non-decreasing, so
+   len >= 0 and nothing overflows): bad if any request's value is negative or a slice row's
+   EXCEEDS(value, len); any: a slice row's value is > 0. num_computed_tokens passes int32
+   positions with the row's new tokens (any: a cached prefix, prep_initial_states); a checkpoint
+   lies within its row's new tokens (any: a row with one). */
+#define ROW_FLAGS(NAME, TQ, TV, EXCEEDS)                                                                              \
+  VECTORIZED static RowFlags NAME(const void *q_, const void *v_, int64_t requests, int64_t first, int64_t n) {      \
+    const TQ *q = q_;                                                                                                 \
+    const TV *values = v_;                                                                                            \
     int bad = 0, any = 0;                                                                                             \
     for (int64_t i = 0; i < requests; i++) bad |= values[i] < 0;                                                      \
     for (int64_t i = 0; i < n; i++) {                                                                                 \
       const int64_t v = values[first + i], len = (int64_t)q[i + 1] - (int64_t)q[i];                                   \
-      bad |= v > 2147483647LL - len;                                                                                  \
+      bad |= EXCEEDS(v, len);                                                                                         \
       any |= v > 0;                                                                                                   \
     }                                                                                                                 \
     RowFlags flags = {bad, any};                                                                                      \
     return flags;                                                                                                     \
   }
+#define PAST_INT32(v, len) ((v) > 2147483647LL - (len))
+#define PAST_ROW(v, len) ((v) > (len))
+#define COMPUTED_ROWS(NAME, TQ, TV) ROW_FLAGS(NAME, TQ, TV, PAST_INT32)
+#define CHECKPOINT_ROWS(NAME, TQ, TV) ROW_FLAGS(NAME, TQ, TV, PAST_ROW)
 /* the chunks of q's n sequences, each at position values[i] (segment_chunks) */
 #define POSITIONED_CHUNKS(NAME, TQ, TV)                                                                               \
-  VECTORIZED static int64_t NAME(const TQ *q, const TV *values, int64_t n, int shift) {                               \
+  VECTORIZED static int64_t NAME(const void *q_, const void *v_, int64_t n, int shift) {                              \
+    const TQ *q = q_;                                                                                                 \
+    const TV *values = v_;                                                                                            \
     int64_t total = 0;                                                                                                \
     for (int64_t i = 0; i < n; i++) total += segment_chunks(values[i], (int64_t)q[i + 1] - (int64_t)q[i], shift);     \
+    return total;                                                                                                     \
+  }
+/* the same, each cut in two at its checkpoint cuts[i] when > 0 (sequence_chunk_count) */
+#define SPLIT_CHUNKS(NAME, TQ, TV, TC)                                                                                \
+  VECTORIZED static int64_t NAME(const void *q_, const void *v_, const void *c_, int64_t n, int shift) {              \
+    const TQ *q = q_;                                                                                                 \
+    const TV *values = v_;                                                                                            \
+    const TC *cuts = c_;                                                                                              \
+    int64_t total = 0;                                                                                                \
+    for (int64_t i = 0; i < n; i++)                                                                                   \
+      total += sequence_chunk_count(values[i], (int64_t)q[i + 1] - (int64_t)q[i], cuts[i], shift);                    \
+    return total;                                                                                                     \
+  }
+/* the chunks of q's n sequences at their packed positions from q[0] (SGLang's logical chunks) */
+#define PACKED_CHUNKS(NAME, TQ)                                                                                       \
+  VECTORIZED static int64_t NAME(const void *q_, int64_t n, int shift) {                                              \
+    const TQ *q = q_;                                                                                                 \
+    int64_t total = 0;                                                                                                \
+    for (int64_t i = 0; i < n; i++)                                                                                   \
+      total += segment_chunks((int64_t)q[i] - (int64_t)q[0], (int64_t)q[i + 1] - (int64_t)q[i], shift);               \
     return total;                                                                                                     \
   }
 /* q[0..n] rebased to start (host_cu_seqlens) */
@@ -118,25 +148,35 @@ typedef struct {
   VECTORIZED static void NAME(int32_t *out, const TQ *q, int64_t n, int64_t start) {                                  \
     for (int64_t i = 0; i <= n; i++) out[i] = (int32_t)((int64_t)q[i] - start);                                       \
   }
+/* instances per dtype combination, and their table in the order `index` reads (int64 bits,
+   the first array's highest) */
 #define PER_DTYPE_PAIR(MACRO, NAME)                                                                                   \
   MACRO(NAME##_ii, int32_t, int32_t) MACRO(NAME##_il, int32_t, int64_t) MACRO(NAME##_li, int64_t, int32_t)            \
   MACRO(NAME##_ll, int64_t, int64_t)
+#define PAIR_TABLE(NAME) {NAME##_ii, NAME##_il, NAME##_li, NAME##_ll}
+#define PER_DTYPE_TRIPLE(MACRO, NAME)                                                                                 \
+  MACRO(NAME##_iii, int32_t, int32_t, int32_t) MACRO(NAME##_iil, int32_t, int32_t, int64_t)                           \
+  MACRO(NAME##_ili, int32_t, int64_t, int32_t) MACRO(NAME##_ill, int32_t, int64_t, int64_t)                           \
+  MACRO(NAME##_lii, int64_t, int32_t, int32_t) MACRO(NAME##_lil, int64_t, int32_t, int64_t)                           \
+  MACRO(NAME##_lli, int64_t, int64_t, int32_t) MACRO(NAME##_lll, int64_t, int64_t, int64_t)
+#define TRIPLE_TABLE(NAME)                                                                                            \
+  {NAME##_iii, NAME##_iil, NAME##_ili, NAME##_ill, NAME##_lii, NAME##_lil, NAME##_lli, NAME##_lll}
 PER_DTYPE_PAIR(COMPUTED_ROWS, computed_rows)
+PER_DTYPE_PAIR(CHECKPOINT_ROWS, checkpoint_rows)
 PER_DTYPE_PAIR(POSITIONED_CHUNKS, positioned_chunks)
+PER_DTYPE_TRIPLE(SPLIT_CHUNKS, split_chunks)
+PACKED_CHUNKS(packed_chunks_i32, int32_t)
+PACKED_CHUNKS(packed_chunks_i64, int64_t)
 REBASE(rebase_i32, int32_t)
 REBASE(rebase_i64, int64_t)
 
-static RowFlags computed_rows(const void *q, int q64, const void *values, int v64, int64_t requests, int64_t first,
-                              int64_t n) {
-  if (q64)
-    return v64 ? computed_rows_ll(q, values, requests, first, n) : computed_rows_li(q, values, requests, first, n);
-  return v64 ? computed_rows_il(q, values, requests, first, n) : computed_rows_ii(q, values, requests, first, n);
-}
-
-static int64_t positioned_chunks(const void *q, int q64, const void *values, int v64, int64_t n, int shift) {
-  if (q64) return v64 ? positioned_chunks_ll(q, values, n, shift) : positioned_chunks_li(q, values, n, shift);
-  return v64 ? positioned_chunks_il(q, values, n, shift) : positioned_chunks_ii(q, values, n, shift);
-}
+typedef RowFlags (*RowFlagsPass)(const void *, const void *, int64_t, int64_t, int64_t);
+static const RowFlagsPass computed_rows[4] = PAIR_TABLE(computed_rows);
+static const RowFlagsPass checkpoint_rows[4] = PAIR_TABLE(checkpoint_rows);
+static int64_t (*const positioned_chunks[4])(const void *, const void *, int64_t, int) = PAIR_TABLE(positioned_chunks);
+static int64_t (*const split_chunks[8])(const void *, const void *, const void *, int64_t,
+                                        int) = TRIPLE_TABLE(split_chunks);
+static int64_t (*const packed_chunks[2])(const void *, int64_t, int) = {packed_chunks_i32, packed_chunks_i64};
 
 /* A host cu_seqlens of seqs_out sequences: q[0..n] rebased to start, then zero-length tails up to
    seqs_out (>= n; the padded layouts' rows past the batch) */
@@ -1083,11 +1123,12 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
 /* One step build's host side and launch (py_step_tensors, py_step_host): a[] = (host, host_len,
    is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
    entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
-   stream, and those three tensors' is64 flags, which the CPU fill reads). -> (counts, (first_seq, n, tokens, max_seqlen, requests, batch_tokens, batch_max,
-   prep, any_checkpoint)), with a third element, the launch's bool, when `with_launched` is set;
-   or an int: -1 for input the general path must check (nothing written or launched), or the
-   CUresult of a failed launch. Validates exactly what the Python plan checks of the values; host
-   copies are written only after the launch succeeded. */
+   stream, and those three tensors' is64 flags, which the CPU fill reads). -> (counts, (first_seq,
+   n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)), with a third
+   element, the launch's bool, when `with_launched` is set; or an int: -1 for input the general
+   path must check (nothing written or launched), or the CUresult of a failed launch. Validates
+   exactly what the Python plan checks of the values; host copies are written only after the
+   launch succeeded. */
 static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
                           const long long *d, int with_launched) {
   long long first, n;
@@ -1121,24 +1162,21 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
   const char *computed = (const char *)(uintptr_t)c[0], *checkpoints = (const char *)(uintptr_t)c[2];
   int prep = 0, any_checkpoint = 0;
   if (computed) {
-    RowFlags flags = computed_rows(q, is64, computed, (int)c[1], requests, first, n);
+    RowFlags flags = computed_rows[is64 << 1 | (int)c[1]](q, computed, requests, first, n);
     if (flags.bad) return PyLong_FromLong(-1);
     prep = flags.any;
   }
-  for (int64_t i = 0; checkpoints && i < requests; i++) {
-    int64_t value = load(checkpoints, (int)c[3], i);
-    if (value < 0) return PyLong_FromLong(-1);
-    if (i >= first && i < first + n) {
-      if (value > load(q, is64, i - first + 1) - load(q, is64, i - first)) return PyLong_FromLong(-1);
-      any_checkpoint |= value > 0;
-    }
+  if (checkpoints) {
+    RowFlags flags = checkpoint_rows[is64 << 1 | (int)c[3]](q, checkpoints, requests, first, n);
+    if (flags.bad) return PyLong_FromLong(-1);
+    any_checkpoint = flags.any;
   }
   /* the rows of every entry */
   int64_t rows[MAX_ENTRIES] = {0}, counts[MAX_ENTRIES] = {0};
   for (int j = 0; j < st->entries; j++) {
     int whole = st->slice[j] == 1;
     const void *sq = whole ? (const void *)host : q;
-    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
+    int64_t sn = whole ? requests : n;
     if (st->kind[j] == TOKENS) {
       counts[j] = whole ? batch_end - batch_start : end - start;
     } else if (st->base[j] == 0) { /* a slice planned above: its offsets do not decrease */
@@ -1148,14 +1186,13 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
       const char *rows_checkpoints = checkpoints ? checkpoints + (whole ? 0 : first) * (c[3] ? 8 : 4) : NULL;
       int split = st->kind[j] == MAMBA2 && st->flag[j] && rows_checkpoints;
       if (st->base[j] == 2 && !rows_computed) return PyLong_FromLong(-1);
-      int64_t total = 0;
-      if (st->base[j] == 2 && !split) /* Mamba2's chunks at absolute positions, no checkpoints */
-        total = positioned_chunks(sq, is64, rows_computed, (int)c[1], sn, st->shift[j]);
-      else
-        for (int64_t i = 0; i < sn; i++)
-          total += sequence_chunks(sq, is64, s0, i, st->base[j], st->shift[j], split, rows_computed, (int)c[1],
-                                   rows_checkpoints, (int)c[3], i);
-      counts[j] = total;
+      if (st->base[j] == 1) /* SGLang's logical chunks, at packed positions */
+        counts[j] = packed_chunks[is64](sq, sn, st->shift[j]);
+      else if (split) /* Mamba2's chunks at absolute positions, cut at checkpoints */
+        counts[j] = split_chunks[is64 << 2 | (int)c[1] << 1 | (int)c[3]](sq, rows_computed, rows_checkpoints, sn,
+                                                                          st->shift[j]);
+      else /* the same without checkpoints */
+        counts[j] = positioned_chunks[is64 << 1 | (int)c[1]](sq, rows_computed, sn, st->shift[j]);
     }
     rows[j] = st->padded ? st->rows_pad[j] : counts[j];
   }
@@ -1312,11 +1349,12 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
 /* step_tensors(table, wants, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu,
                 checkpoints, checkpoints_cpu, slot, stream, dummy, device)
    -> (counts, facts, launched), or an int as run_step returns. The build from its tensors
-   (each checked, every build: plain_tensor): table holds a steps capsule (or None: no C build) per device dtype combination,
-   index qsl int64 | computed int64 << 1 | checkpoints int64 << 2; wants: bit 0 when an entry
-   reads num_computed_tokens, bit 1 checkpoint_offsets (the others are ignored, and `dummy`, a
-   device address, stands for them); device: the builder's CUDA device, or -1 for the CPU.
-   launched: whether the capsule launched its kernel (else the caller launches the fill). */
+   (each checked, every build: plain_tensor): table holds a steps capsule (or None: no C build)
+   per device dtype combination, index qsl int64 | computed int64 << 1 | checkpoints int64 << 2;
+   wants: bit 0 when an entry reads num_computed_tokens, bit 1 checkpoint_offsets (the others are
+   ignored, and `dummy`, a device address, stands for them); device: the builder's CUDA device,
+   or -1 for the CPU. launched: whether the capsule launched its kernel (else the caller
+   launches the fill). */
 static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 14 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
     PyErr_SetString(PyExc_TypeError, "step_tensors takes 14 arguments, the first a tuple of 8");

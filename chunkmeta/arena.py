@@ -50,13 +50,16 @@ class Arena:
         """``(chunk_offsets int64 [N+1], cu_seqlens int32 [N+1], chunk_indices [NT, 2])`` on the
         device and ``cu_seqlens_cpu`` int32 ``[N+1]`` on the host, none of them handed out before."""
         seqs, rows = num_seqs + 1, num_chunks
+        # every slice starts 16-byte aligned, as the block starts the first build (which compiles
+        # the fill) got: Triton specializes output pointers on 16-byte alignment
+        seq_span, row_span = (seqs + 3) & ~3, (rows + 1) & ~1
         with self._lock:  # two threads must not get the same slice
-            if self._seq_used + seqs > self._seq_entries:
-                self._new_seq_blocks(max(seqs, self.block_entries))
-            if self._row_used + rows > self._row_entries:
-                self._new_row_block(max(rows, self.block_entries))
+            if self._seq_used + seq_span > self._seq_entries:
+                self._new_seq_blocks(max(seq_span, self.block_entries))
+            if self._row_used + row_span > self._row_entries:
+                self._new_row_block(max(row_span, self.block_entries))
             s, r = self._seq_used, self._row_used
-            self._seq_used, self._row_used = s + seqs, r + rows
+            self._seq_used, self._row_used = s + seq_span, r + row_span
             offsets, cu, cu_cpu = self._seq_blocks
             indices = self._row_block
         return offsets[s : s + seqs], cu[s : s + seqs], indices[r : r + rows], cu_cpu[s : s + seqs]

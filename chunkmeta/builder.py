@@ -588,11 +588,14 @@ def _one_shot_c(query_start_loc, query_start_loc_cpu, chunk_size, first_seq, num
     calls, bad input, CPU tensors, another current device, a stream being captured)."""
     if (backend != "auto" and backend != "triton") or not _ONE_SHOT_C or indices_dtype not in _INT_DTYPES:
         return None  # no CUDA one-shot ran yet: nothing is compiled (and CUDA may be uninitialized)
+    module = native.module()
+    if module is None:  # _ONE_SHOT_C then holds None entries only
+        return None
     device = torch._C._cuda_getDevice()
     if torch._C._cuda_isCurrentStreamCapturing():
         return None
     stream = torch._C._cuda_getCurrentRawStream(device)
-    made = native.module().oneshot(
+    made = module.oneshot(
         _ONE_SHOT_C,
         _arena.arena(device, stream, indices_dtype),
         query_start_loc,

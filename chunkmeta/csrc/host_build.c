@@ -1505,9 +1505,12 @@ static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t na
   long long lanes = 16;
   while (lanes < p.n) lanes <<= 1;
   PyObject *key = Py_BuildValue("(LLOO)", chunk_size, lanes, args[7], qsl[2] ? dtype_i64 : dtype_i32);
-  PyObject *fill = key ? PyDict_GetItemWithError(args[0], key) : NULL; /* borrowed */
+  /* held: arena.take runs Python, and another thread may replace the dict's entry meanwhile */
+  PyObject *fill = key ? PyDict_GetItemWithError(args[0], key) : NULL;
+  Py_XINCREF(fill);
   Fill *f = fill && PyCapsule_CheckExact(fill) ? PyCapsule_GetPointer(fill, "chunkmeta.fill") : NULL;
   if (!f || !f->function) { /* no fill compiled for it yet, or none that launches from C */
+    Py_XDECREF(fill);
     Py_XDECREF(key);
     return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
   }
@@ -1546,6 +1549,7 @@ static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t na
   Py_XDECREF(outputs);
   Py_XDECREF(n_obj);
   Py_XDECREF(nt_obj);
+  Py_DECREF(fill);
   Py_DECREF(key);
   return md;
 }

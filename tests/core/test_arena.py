@@ -36,6 +36,7 @@ def test_slices_are_typed_sized_and_never_handed_out_twice(indices_dtype):
         assert indices.dtype == indices_dtype and indices.shape == (nt, 2)
         assert cu_cpu.dtype == torch.int32 and cu_cpu.shape == (n + 1,) and cu_cpu.device.type == "cpu"
         assert all(t.is_contiguous() for t in out)
+        assert all(t.data_ptr() % 16 == 0 for t in out)  # as the first build's, which compiled the fill
         kept.append(out)
     assert arena.blocks_made > 4 * 4  # the blocks ran out many times
     for kind in range(4):  # every slice still alive is its own memory

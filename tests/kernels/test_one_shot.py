@@ -62,6 +62,17 @@ def test_results_stay_exact_while_later_builds_run(monkeypatch):
         assert_exact(md, batch, 64)
 
 
+def test_general_path_without_the_compiled_host_build(monkeypatch):
+    """After a CUDA one-shot, the fills' table holds None where the C launch is off; without the
+    extension the one-shot still takes the general path (the C one is never asked)."""
+    from chunkmeta import native
+
+    monkeypatch.setattr(native, "module", lambda: None)
+    monkeypatch.setitem(builder_module._ONE_SHOT_C, (64, 16, torch.int32, torch.int32), None)
+    batch = from_lengths([5, 65])
+    assert_exact(build_chunk_metadata(*tensors_for(batch), backend="triton"), batch, 64)
+
+
 def test_kernel_compiled_once_per_bucket():
     builder_module._ONE_SHOT_FILLS.clear()
     for lengths in ([5], [5, 6, 7], [1] * 16, [9] * 17, [3] * 30):

@@ -389,7 +389,7 @@ def check_row_tensor(name: str, tensor, num_rows: int, device: torch.device) -> 
 
 def plain_host_tensor(tensor):
     """``(address, length, is64)`` of a plain contiguous 1-D int32/int64 CPU tensor of at least
-    one entry (a one-shot's host query_start_loc), else None (the general path then checks it)."""
+    one entry (what the C ``oneshot_plan`` takes), else None (the general path then checks it)."""
     if (
         type(tensor) is torch.Tensor
         and tensor.is_cpu
@@ -401,16 +401,3 @@ def plain_host_tensor(tensor):
     ):
         return tensor.data_ptr(), tensor.shape[0], tensor.dtype is torch.int64
     return None
-
-
-def is_plain_device_tensor(tensor, length: int) -> bool:
-    """A plain tensor the fast paths take without the full checks: int32/int64, 1-D, ``length``
-    entries, contiguous (the caller checks its device). Anything else takes the general path,
-    whose checks (``check_device_tensor``) raise the precise error."""
-    return (
-        type(tensor) is torch.Tensor
-        and tensor.dtype in _INTEGER_DTYPES
-        and tensor.dim() == 1
-        and tensor.shape[0] == length
-        and tensor.stride(0) == 1
-    )

@@ -1457,14 +1457,10 @@ static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize
                        (long long)p.plan.longest);
 }
 
-static int plain_tensor(PyObject *t, long device, long long *out);
-
 /* The data_ptr() of each of n tensors into out; 0, or -1 with an error. */
 static int data_pointers(PyObject *const *tensors, int n, uint64_t *out) {
-  static PyObject *name = NULL;
-  if (!name && !(name = PyUnicode_InternFromString("data_ptr"))) return -1;
   for (int i = 0; i < n; i++) {
-    PyObject *v = PyObject_CallMethodNoArgs(tensors[i], name);
+    PyObject *v = PyObject_CallMethodNoArgs(tensors[i], name_data_ptr);
     out[i] = v ? (uint64_t)PyLong_AsUnsignedLongLong(v) : 0;
     Py_XDECREF(v);
     if (PyErr_Occurred()) return -1;
@@ -1480,12 +1476,12 @@ static int data_pointers(PyObject *const *tensors, int n, uint64_t *out) {
    launch of the fill compiled for it (fills: chunkmeta.builder._ONE_SHOT_C, keyed (chunk_size,
    lanes, indices_dtype, qsl dtype)) and the result. */
 static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 10 || !PyDict_Check(args[0]) || !PyLong_CheckExact(args[6])) {
-    if (nargs == 10 && PyDict_Check(args[0])) return PyLong_FromLong(-1); /* a chunk_size of another type */
+  if (nargs != 10 || !PyDict_Check(args[0])) {
     PyErr_SetString(PyExc_TypeError, "oneshot(fills: dict, arena, qsl, qsl_cpu, first_seq, num_seqs, chunk_size, "
                                      "indices_dtype, device, stream)");
     return NULL;
   }
+  if (!PyLong_CheckExact(args[6])) return PyLong_FromLong(-1); /* a chunk_size of another type */
   if (!metadata_type) {
     PyErr_SetString(PyExc_RuntimeError, "set_metadata_class was not called");
     return NULL;
@@ -1502,7 +1498,7 @@ static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t na
   OneShotPlan p;
   if (one_shot_plan((const char *)(uintptr_t)host[0], (int)host[2], host[1], args[4], args[5], shift, &p))
     return PyLong_FromLong(-1);
-  long long lanes = 16;
+  long long lanes = 16; /* chunkmeta.builder._one_shot_key's bucket */
   while (lanes < p.n) lanes <<= 1;
   PyObject *key = Py_BuildValue("(LLOO)", chunk_size, lanes, args[7], qsl[2] ? dtype_i64 : dtype_i32);
   /* held: arena.take runs Python, and another thread may replace the dict's entry meanwhile */
@@ -1535,8 +1531,8 @@ static PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t na
       md = PyDict_SetItem(args[0], key, Py_None) ? NULL : PyLong_FromLong(err);
     } else {
       host_cu_seqlens((int32_t *)(uintptr_t)at[3], p.q, (int)host[2], p.n, p.start, p.n);
-      PyObject *ints[4] = {PyLong_FromLongLong(p.end - p.start), PyLong_FromLongLong(p.plan.longest),
-                           PyLong_FromLong(0), NULL};
+      PyObject *ints[3] = {PyLong_FromLongLong(p.end - p.start), PyLong_FromLongLong(p.plan.longest),
+                           PyLong_FromLong(0)};
       if (ints[0] && ints[1] && ints[2]) {
         PyObject *values[NUM_FIELDS] = {PyTuple_GET_ITEM(outputs, 1), PyTuple_GET_ITEM(outputs, 3),
                                         PyTuple_GET_ITEM(outputs, 2), PyTuple_GET_ITEM(outputs, 0),

@@ -3,11 +3,12 @@
     python bench/diag_launch.py [--out DIR]
 
 Times, per call (medians of 2,000): a KDA/GDN step build (FLA prefill + batch + conv1d, 32 + 32
-requests), its one C call and its result objects; the Mamba2 step build (SSD chunks + conv1d of
-the prefill rows), also with new tensor objects each call as an engine passes them, and its C
-call; the Triton launcher alone; the one-shot and its parts; one device allocation; and at 1024
-requests (``large_step_parts``) the KDA/GDN and the hybrid step's build, its C call with and
-without the launch, and its result objects. With
+requests), its one C call (``native.step``: all of it but ``build``'s Python frame), that call's
+host side alone (no launch, no results) and its result objects; the Mamba2 step build (SSD
+chunks + conv1d of the prefill rows), also with new tensor objects each call as an engine passes
+them, and its C call; the Triton launcher alone; the one-shot and its parts; one device
+allocation; and at 1024 requests (``large_step_parts``) the same parts of the KDA/GDN and the
+hybrid step's build. With
 ``--out`` it writes its record (``bench/results.py``: ``diag_launch.runs.jsonl``) there.
 """
 
@@ -40,33 +41,39 @@ def per_call_us(fn, calls=2000):
     return statistics.median(samples)
 
 
+def host_only_step(builder):
+    """A ``native.step`` state of ``builder``'s own entries without a kernel: a call does the
+    host side alone (checks, counts, host copies) and returns ``(slot, generation, counts,
+    facts)``, claiming but never publishing."""
+    ring = builder.ring
+    arenas = [ring.pointer(k) for k in range(ring.depth)]
+    capsule = builder.native_steps(0, 1, 1, 0, False, arenas, ring.host_pointers())
+    return builder._make_c_step([(capsule,) * 8] * 2)
+
+
 def large_step_parts() -> dict:
     """Where a build's host time goes at 1024 requests / 65,536 tokens (``bench/step_tables.py``'s
     largest workload, its batch), for the KDA/GDN step and the hybrid one: the build, its C call,
     that call's host side alone (the same builder's entries, no kernel: the difference is the
-    launch) and the result objects."""
+    launch, the results and the publish) and the result objects."""
     qsl_cpu, computed_cpu = make_case(0, 1024, 65536, seed=1024)
     qsl, computed = qsl_cpu.cuda(), computed_cpu.cuda()
-    stream = torch._C._cuda_getCurrentRawStream(0)
     figures = {}
     for label, specs in (("kda/gdn", kda_tables(64)), ("hybrid", {**kda_tables(64), **mamba2_tables(MAMBA_CHUNK)})):
         builder = StepTablesBuilder(1024, 65536 + 1024, tables=specs, device="cuda")
         c_in = (computed, computed_cpu) if builder.needs_computed else (None, None)
         rows = dict(zip(("num_computed_tokens", "num_computed_tokens_cpu"), c_in, strict=True))
         builder.build(qsl, qsl_cpu, **rows)
-        ring = builder.ring
-        arenas = [ring.pointer(k) for k in range(ring.depth)]
-        host_only = builder.native_steps(0, 1, 1, 0, False, arenas, ring.host_pointers())
-        tail = (builder._wants, qsl, qsl_cpu, 0, None, *c_in, None, None, 1, stream, builder._dummy_address)
-        tail += (builder._device_index,)
-        counts, facts, _ = builder._native.step_tensors(builder._c_steps[False], *tail)
+        host_only = host_only_step(builder)
+        step_args = (qsl, qsl_cpu, 0, None, *c_in, None, None, False)
+        _, _, counts, facts = builder._native.step(host_only, *step_args)
         make_results = builder._results[False]
         figures[f"1024 requests, {label}: step build"] = per_call_us(lambda: builder.build(qsl, qsl_cpu, **rows))
-        figures[f"1024 requests, {label}: native.step_tensors"] = per_call_us(
-            lambda: builder._native.step_tensors(builder._c_steps[False], *tail)
+        figures[f"1024 requests, {label}: native.step"] = per_call_us(
+            lambda: builder._native.step(builder._c_step, *step_args)
         )
         figures[f"1024 requests, {label}: its host side alone"] = per_call_us(
-            lambda: builder._native.step_tensors((host_only,) * 8, *tail)
+            lambda: builder._native.step(host_only, *step_args)
         )
         figures[f"1024 requests, {label}: result objects"] = per_call_us(lambda: make_results(1, 7, counts, facts))
     torch.cuda.synchronize()
@@ -101,15 +108,14 @@ def main(argv: list[str]) -> int:
         qsl.data_ptr(),
     )
     # the C build's parts: its one C call (the input tensors' checks, the table checks, counts,
-    # host copies, the launch), then the result objects (chunkmeta.results)
+    # host copies, the launch, the result objects, the publish), the host side alone, the results
     key = (False, torch.int32, torch.int32, torch.int32)
     _, launches = builder._steps[key]  # the kernel the C build launches
     print("step C build launches:", launches)
     stream = torch._C._cuda_getCurrentRawStream(0)
-    dummy = builder._dummy_address
-    table = builder._c_steps[False]
-    step_args = (table, builder._wants, qsl, qsl_cpu, 32, None, None, None, None, None, 1, stream, dummy, 0)
-    counts, facts, _ = builder._native.step_tensors(*step_args)
+    step_args = (qsl, qsl_cpu, 32, None, None, None, None, None, False)
+    host_only = host_only_step(builder)
+    _, _, counts, facts = builder._native.step(host_only, *step_args)
     make_results = builder._results[False]
     # the Mamba2 step's build (SSD chunks + conv1d of the prefill rows): its C call reads two more
     # tensors, the rows' computed-token counts
@@ -120,8 +126,7 @@ def main(argv: list[str]) -> int:
     )
     rows = dict(first_seq=32, num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu)
     mamba2.build(qsl, qsl_cpu, **rows)
-    m_args = (mamba2._c_steps[False], mamba2._wants, qsl, qsl_cpu, 32, None, computed, computed_cpu, None, None)
-    m_args += (1, stream, mamba2._dummy_address, 0)
+    m_args = (mamba2._c_step, qsl, qsl_cpu, 32, None, computed, computed_cpu, None, None, False)
     # the views an engine passes: new tensor objects each step
     views = [(qsl[:], qsl_cpu[:], computed[:], computed_cpu[:]) for _ in range(64)]
     turn = iter(range(1 << 40))
@@ -136,13 +141,12 @@ def main(argv: list[str]) -> int:
     one_shot_arena = arena.arena(0, stream, torch.int32)
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
-        "step: native.step_tensors (checks, host side, launch)": per_call_us(
-            lambda: builder._native.step_tensors(*step_args)
-        ),
+        "step: native.step (the whole C build)": per_call_us(lambda: builder._native.step(builder._c_step, *step_args)),
+        "step: its host side alone": per_call_us(lambda: builder._native.step(host_only, *step_args)),
         "step: result objects": per_call_us(lambda: make_results(1, 7, counts, facts)),
         "mamba2 step build": per_call_us(lambda: mamba2.build(qsl, qsl_cpu, **rows)),
         "mamba2 step build, new tensor objects each call": per_call_us(mamba2_engine_pattern),
-        "mamba2 step: native.step_tensors": per_call_us(lambda: mamba2._native.step_tensors(*m_args)),
+        "mamba2 step: native.step": per_call_us(lambda: mamba2._native.step(*m_args)),
         "a tensor view (what an engine makes per input per step)": per_call_us(lambda: qsl[:]),
         "step launch alone (Triton fast launcher)": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
         "one-shot build": per_call_us(lambda: build_chunk_metadata(prefill, prefill_cpu)),

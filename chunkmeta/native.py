@@ -14,14 +14,14 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its job
   checks its input tensors and records the ring generation. A fill (``make_fill``) holds what
   never changes between builds: the kernel handle, its launch shape, the ring's pointers and the
   layout's padding.
-* ``step_tensors(table, ...)``: the same for ``chunkmeta.StepTablesBuilder``, from the build's
-  tensors: their checks (``set_tensor_types`` binds torch's classes once; engines pass new
-  tensor objects every step, and those checks cost more in Python than the rest of the host
-  side), every value check, each kernel entry's rows, the host ``cu_seqlens`` copies and the
-  launch of the step kernel (``make_steps`` holds its constants; with no kernel it does the host
-  side alone, as CPU builds use it). It returns the counts and host facts;
-  ``results(recipe, ...)`` (``make_results`` compiles a ``chunkmeta.results`` recipe) then makes
-  the step's result objects. ``step_host`` is its host side for graph mode
+* ``step(state, ...)``: the same for ``chunkmeta.StepTablesBuilder``, from the build's tensors:
+  their checks (``set_tensor_types`` binds torch's classes once; engines pass new tensor objects
+  every step, and those checks cost more in Python than the rest of the host side), the ring's
+  claim, every value check, each kernel entry's rows, the host ``cu_seqlens`` copies, the launch
+  of the step kernel (``make_steps`` holds its constants; with no kernel it does the host side
+  alone, as CPU builds use it), the result objects (``results``: ``make_results`` compiles a
+  ``chunkmeta.results`` recipe) and the publish. ``make_step`` binds the builder's parts it
+  reads. ``step_host`` is its host side for graph mode
   (``chunkmeta.StepGraphBuild.prepare``), from the host tensors alone.
 * ``oneshot(fills, arena, ...)``: ``chunkmeta.build_chunk_metadata``'s whole host side on CUDA
   once its fill is compiled: the tensors' checks, the plan, its outputs (views from

@@ -29,7 +29,7 @@ from chunkmeta.plan import Capacity
 from chunkmeta.results import PAIRS, ROW
 
 VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
-_SPOILED = -1  # a slot's generation after a failed fill (no build has it)
+SPOILED = -1  # a slot's generation after a failed fill (no build has it)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -49,6 +49,7 @@ class SlotLedger:
         self._retired_through = 0  # generations <= this were retired explicitly (retire())
         self.generation = 0  # the newest published build's
 
+    # chunkmeta.native's step claims and publishes as these two do, in C: keep them in step
     def claim(self) -> tuple[int, int]:
         """``(slot, generation)`` of the next build; nothing changes until ``publish``."""
         generation = self.generation + 1
@@ -67,14 +68,15 @@ class SlotLedger:
 
     @contextlib.contextmanager
     def writing(self, slot: int):
-        """Around a fill of ``slot``: if it raises, it may have written part of the slot, so the
-        tables published there are no longer what they were and their object stops being live (a
-        live object is never overwritten). The slot then holds nothing until a build publishes
-        into it again."""
+        """Around a fill of ``slot`` (and what follows it before the publish): if it raises, the
+        fill may have written part of the slot, so the tables published there are no longer what
+        they were and their object stops being live (a live object is never overwritten). The
+        slot then holds nothing until a build publishes into it again. (``chunkmeta.native``'s
+        step does the same in C.)"""
         try:
             yield
         except BaseException:
-            self._slot_generation[slot] = _SPOILED
+            self._slot_generation[slot] = SPOILED
             raise
 
     def retired_message(self, slot: int, generation: int) -> str:
@@ -83,7 +85,7 @@ class SlotLedger:
                 f"the metadata of build {generation} is retired: its step ended (the service's strict "
                 "mode). Use the open step's metadata (service.current)."
             )
-        if self._slot_generation[slot] == _SPOILED:
+        if self._slot_generation[slot] == SPOILED:
             return (
                 f"the metadata of build {generation} is retired: a later build's fill failed while writing "
                 f"its ring slot {slot}. Use the current step's metadata."

@@ -25,7 +25,7 @@ from chunkmeta.builder import resolve_backend, resolve_device
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.fill.torch_fill import fill_entry_torch
 from chunkmeta.metadata import StepTables
-from chunkmeta.ring import TableRing
+from chunkmeta.ring import SPOILED, TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -81,9 +81,6 @@ class StepTablesBuilder:
         self._fills: dict[bool, object] = {}
         self._device_index = self.device.index if self.device.type == "cuda" else -1
         self._native = native.module()
-        # the C build checks device tensors as the CPU's or a CUDA device's: builders on any other
-        # device take the general path, which compares devices
-        self._c_build_on = self._native is not None and self.device.type in ("cpu", "cuda")
         # (padded, input dtypes) -> (steps capsule, the kernel it launches or None), or False: no C build
         self._steps: dict[tuple, object] = {}
         self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
@@ -95,10 +92,29 @@ class StepTablesBuilder:
             tuple(None if off == _tables.UNUSED else off for off in (e.off0, e.off1, e.off2, e.off3))
             for e in self.layout.entries
         ]
-        # per padded, the C build's capsule per device dtype combination (step_tensors' table)
-        self._c_steps = {False: (None,) * 8, True: (None,) * 8}
+        # per padded (exact, padded), the C build's steps capsule per device dtype combination
+        self._c_steps = [(None,) * 8, (None,) * 8]
         self._wants = int(self.needs_computed) | int(self.needs_checkpoints) << 1
-        self._dummy_address = self._dummy.data_ptr()
+        # the C build checks device tensors as the CPU's or a CUDA device's: builders on any other
+        # device take the general path, which compares devices
+        c_build = self._native is not None and self.device.type in ("cpu", "cuda")
+        self._c_step = self._make_c_step(self._c_steps) if c_build else None
+
+    def _make_c_step(self, steps_tables: list):
+        """``native.step``'s state: what it reads of this builder (``steps_tables``, its results
+        executors: the objects themselves, so later changes to them count)."""
+        cuda = self._device_index >= 0
+        return self._native.make_step(
+            steps_tables,
+            self._results,
+            self.ring,
+            SPOILED,
+            self._wants,
+            self._dummy.data_ptr(),
+            self._device_index,
+            torch._C._cuda_getDevice if cuda else None,
+            torch._C._cuda_getCurrentRawStream if cuda else None,
+        )
 
     @property
     def builds(self) -> int:
@@ -135,8 +151,9 @@ class StepTablesBuilder:
         ``SglangMamba2``. ``checkpoint_offsets`` / ``_cpu``: per request, a checkpoint that many
         tokens into its new ones (0 = none), for ``Mamba2(checkpoints=True)``. ``padded``:
         capacity-shaped tables (``StepTables.padded``)."""
-        if self._c_build_on and (padded is True or padded is False):
-            made = self._build_c(
+        if self._c_step is not None:
+            made = self._native.step(
+                self._c_step,
                 query_start_loc,
                 query_start_loc_cpu,
                 first_seq,
@@ -147,6 +164,9 @@ class StepTablesBuilder:
                 checkpoint_offsets_cpu,
                 padded,
             )
+            if type(made) is StepTables:
+                return made
+            made = self._after_c_step(made, query_start_loc, num_computed_tokens, checkpoint_offsets, padded)
             if made is not None:
                 return made
         host = _plan.host_array(query_start_loc_cpu)
@@ -171,9 +191,11 @@ class StepTablesBuilder:
         # validated: from here on nothing fails on bad input
         rows = self.layout.rows_pad if padded else counts
         slot, generation = self.ring.claim()
-        self._launch(query_start_loc, computed_dev, checkpoints_dev, slot, facts, rows, padded)
-        self.write_host_cu_seqlens({name: host[slot] for name, host in self.ring.host_np.items()}, step, batch, padded)
-        result = self._results[padded](slot, generation, counts, facts)
+        with self.ring.writing(slot):  # a fill, or results, that raise leave the slot's tables dead
+            self._fill_slot(query_start_loc, computed_dev, checkpoints_dev, slot, facts, rows, padded)
+            host_cu = {name: host[slot] for name, host in self.ring.host_np.items()}
+            self.write_host_cu_seqlens(host_cu, step, batch, padded)
+            result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
         key = self._key(padded, query_start_loc, computed_dev, checkpoints_dev)
         if key not in self._steps:
@@ -182,44 +204,23 @@ class StepTablesBuilder:
 
     # -- the C build ---------------------------------------------------------------------------
 
-    def _build_c(self, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu, checkpoints, checkpoints_cpu, padded):
-        """The whole host side in one C call (``chunkmeta.native``'s ``step_tensors``: the input
-        tensors' checks, every table's checks and counts, host copies, the launch); None where the
-        general path must run (it then raises the precise error, or builds)."""
-        index = self._device_index
-        stream = 0
-        if index >= 0:
-            if torch._C._cuda_getDevice() != index:  # the launch goes to the current device
-                return None
-            stream = torch._C._cuda_getCurrentRawStream(index)
-        slot, generation = self.ring.claim()
-        out = self._native.step_tensors(
-            self._c_steps[padded],
-            self._wants,
-            qsl,
-            qsl_cpu,
-            first_seq,
-            num_seqs,
-            computed,
-            computed_cpu,
-            checkpoints,
-            checkpoints_cpu,
-            slot,
-            stream,
-            self._dummy_address,
-            index,
-        )
+    def _after_c_step(self, out, qsl, computed, checkpoints, padded):
+        """What ``native.step`` (the C build: the input tensors' checks, every table's checks and
+        counts, host copies, the launch, the results, the publish) left to do: an int, nothing
+        written (a CUresult turns that layout's C build off; the general path then raises the
+        precise error, or builds) -> None; ``(slot, generation, counts, facts)``, the host side
+        done but no kernel in C -> the fill launched from here, then the results and the publish."""
         if type(out) is int:
             if out > 0:  # a CUresult: this layout's C launch is off from now on
                 self._set_steps(self._key(padded, qsl, computed, checkpoints), False)
             return None
-        counts, facts, launched = out
-        if not launched:  # the host side only: the fill launches from Python
-            rows = self.layout.rows_pad if padded else counts
-            computed_dev = computed if self.needs_computed else self._dummy
-            checkpoints_dev = checkpoints if self.needs_checkpoints else self._dummy
-            self._launch(qsl, computed_dev, checkpoints_dev, slot, StepFacts(*facts), rows, padded)
-        result = self._results[padded](slot, generation, counts, facts)
+        slot, generation, counts, facts = out
+        rows = self.layout.rows_pad if padded else counts
+        computed_dev = computed if self.needs_computed else self._dummy
+        checkpoints_dev = checkpoints if self.needs_checkpoints else self._dummy
+        with self.ring.writing(slot):  # as in build's general path
+            self._fill_slot(qsl, computed_dev, checkpoints_dev, slot, StepFacts(*facts), rows, padded)
+            result = self._results[padded](slot, generation, counts, facts)
         self.ring.publish(slot, generation)
         return result
 
@@ -234,7 +235,7 @@ class StepTablesBuilder:
 
     def _set_steps(self, key, made) -> None:
         """Record a key's C build (``(capsule, kernel name or None)``, or False: none), and put
-        its capsule where ``step_tensors`` looks: by the device dtypes, int64 as bits."""
+        its capsule where ``native.step`` looks: by the device dtypes, int64 as bits."""
         self._steps[key] = made
         padded, *dtypes = key
         index = sum(1 << bit for bit, dtype in enumerate(dtypes) if dtype is torch.int64)
@@ -428,10 +429,6 @@ class StepTablesBuilder:
         return tuple(counts)
 
     # -- launch, results -------------------------------------------------------------------------
-
-    def _launch(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
-        with self.ring.writing(slot):
-            self._fill_slot(query_start_loc, computed, checkpoints, slot, facts, rows, padded)
 
     def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
         if self.backend == "torch":

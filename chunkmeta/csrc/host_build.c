@@ -5,9 +5,10 @@
    - make_fill() / build(): a CUDA builder's whole host side of a build in one call: validation,
      the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
      chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy;
-   - make_steps() / step_tensors(): the same for a step builder's tables (chunkmeta.step_builder),
-     from its input tensors; step_host(): graph mode's host side of a step (chunkmeta.graph);
-     make_results() / results(): its result objects from a recipe (chunkmeta.results);
+   - make_steps() / make_step() / step(): the same for a step builder's tables
+     (chunkmeta.step_builder), from its input tensors, with the ring's claim and publish and the
+     result objects (make_results() / results(): from a recipe, chunkmeta.results); step_host():
+     graph mode's host side of a step (chunkmeta.graph);
    - oneshot(): the one-shot's (chunkmeta.builder.build_chunk_metadata) on CUDA, into views of
      chunkmeta.arena; oneshot_plan(): its plan alone.
    MODULE_NAME (-D) is the extension's module name: the cache key is part of it, so extensions of
@@ -1120,7 +1121,7 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
   }
 }
 
-/* One step build's host side and launch (py_step_tensors, py_step_host): a[] = (host, host_len,
+/* One step build's host side and launch (tensors_step, py_step_host): a[] = (host, host_len,
    is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
    entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
    stream, and those three tensors' is64 flags, which the CPU fill reads). -> (counts, (first_seq,
@@ -1346,50 +1347,191 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
   return 1;
 }
 
-/* step_tensors(table, wants, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu,
-                checkpoints, checkpoints_cpu, slot, stream, dummy, device)
-   -> (counts, facts, launched), or an int as run_step returns. The build from its tensors
-   (each checked, every build: plain_tensor): table holds a steps capsule (or None: no C build)
-   per device dtype combination, index qsl int64 | computed int64 << 1 | checkpoints int64 << 2;
-   wants: bit 0 when an entry reads num_computed_tokens, bit 1 checkpoint_offsets (the others are
-   ignored, and `dummy`, a device address, stands for them); device: the builder's CUDA device,
-   or -1 for the CPU. launched: whether the capsule launched its kernel (else the caller
-   launches the fill). */
-static PyObject *py_step_tensors(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 14 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
-    PyErr_SetString(PyExc_TypeError, "step_tensors takes 14 arguments, the first a tuple of 8");
-    return NULL;
-  }
-  long long wants, e[4];
-  if (int_args(args + 1, 1, 1, &wants) || int_args(args + 10, 4, 4, e)) return NULL;
-  long device = (long)e[3];
+/* A step build from its tensors: t[] = (qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu,
+   checkpoints, checkpoints_cpu), each tensor checked every build (plain_tensor). -> (counts,
+   facts, launched), or an int as run_step returns. table: a tuple of 8, a steps capsule (or
+   None: no C build) per device dtype combination, index qsl int64 | computed int64 << 1 |
+   checkpoints int64 << 2; wants: bit 0 when an entry reads num_computed_tokens, bit 1
+   checkpoint_offsets (the others are ignored, and `dummy`, a device address, stands for them);
+   device: the builder's CUDA device, or -1 for the CPU. launched: whether the capsule launched
+   its kernel (else the caller launches the fill). */
+static PyObject *tensors_step(PyObject *table, long long wants, PyObject *const *t, long long slot, long long stream,
+                              long long dummy, long device) {
   long long host[3], qsl[3], rows[2][3] = {{0, 0, 0}, {0, 0, 0}}, dev[2][3];
-  if (!plain_tensor(args[3], -1, host) || host[1] < 1 || !plain_tensor(args[2], device, qsl) || qsl[1] != host[1])
+  if (!plain_tensor(t[1], -1, host) || host[1] < 1 || !plain_tensor(t[0], device, qsl) || qsl[1] != host[1])
     return PyLong_FromLong(-1);
-  long long c[4], d[8] = {qsl[0], e[2], e[2], e[0], e[1], qsl[2], 0, 0};
+  long long c[4], d[8] = {qsl[0], dummy, dummy, slot, stream, qsl[2], 0, 0};
   int index = (int)qsl[2];
   for (int k = 0; k < 2; k++) { /* computed, then checkpoints */
     if (!(wants >> k & 1)) continue;
-    if (!plain_tensor(args[7 + 2 * k], -1, rows[k]) || rows[k][1] != host[1] - 1 ||
-        !plain_tensor(args[6 + 2 * k], device, dev[k]) || dev[k][1] != host[1] - 1)
+    if (!plain_tensor(t[5 + 2 * k], -1, rows[k]) || rows[k][1] != host[1] - 1 ||
+        !plain_tensor(t[4 + 2 * k], device, dev[k]) || dev[k][1] != host[1] - 1)
       return PyLong_FromLong(-1);
     d[1 + k] = dev[k][0];
     d[6 + k] = dev[k][2];
     index |= (int)dev[k][2] << (1 + k);
   }
   c[0] = rows[0][0], c[1] = rows[0][2], c[2] = rows[1][0], c[3] = rows[1][2];
-  PyObject *capsule = PyTuple_GET_ITEM(args[0], index);
+  PyObject *capsule = PyTuple_GET_ITEM(table, index);
   if (capsule == Py_None) return PyLong_FromLong(-1);
   Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
   if (!st) return NULL;
-  return run_step(st, host, args[4], args[5], c, d, 1);
+  return run_step(st, host, t[2], t[3], c, d, 1);
+}
+
+/* ---- a whole step build in one call ------------------------------------------------------ */
+/* StepTablesBuilder.build's C build: the current device and stream, the ring's claim, the host
+   side and launch (tensors_step), the result objects and the publish. As separate calls from
+   Python that glue cost 1-2 us per build on the H200's hosts (bench/diag_launch.py), a tenth of
+   the build. A step state (make_step) holds the builder's parts it reads; the steps tables and
+   the results executors stay the builder's own objects, read at every build. */
+typedef struct {
+  PyObject *tables;           /* list [exact, padded]: each tensors_step's table */
+  PyObject *results;          /* dict {False: f, True: f}, f(slot, generation, counts, facts) -> StepTables */
+  PyObject *ring;             /* the builder's TableRing: a SlotLedger */
+  PyObject *slot_generations; /* its _slot_generation list */
+  PyObject *spoiled;          /* chunkmeta.ring._SPOILED */
+  PyObject *get_device, *get_stream, *device_obj; /* CUDA: torch._C's current device and raw stream */
+  long long wants, dummy, depth;
+  long device;
+} StepState;
+
+static PyObject *name_generation = NULL;
+
+static void release_step_state(StepState *s) {
+  PyObject *held[] = {s->tables, s->results, s->ring, s->slot_generations, s->spoiled, s->get_device,
+                      s->get_stream, s->device_obj};
+  for (int i = 0; i < 8; i++) Py_XDECREF(held[i]);
+  PyMem_Free(s);
+}
+
+static void free_step_state(PyObject *capsule) {
+  StepState *s = PyCapsule_GetPointer(capsule, "chunkmeta.step");
+  if (s) release_step_state(s);
+}
+
+/* make_step(tables, results, ring, spoiled, wants, dummy, device, get_device, get_stream) -> capsule.
+   tables: a list of two tables (exact, padded); results: a dict of the two executors; ring: a
+   SlotLedger of `depth` slots; device: a CUDA index, whose get_device() / get_stream(device) are
+   torch._C._cuda_getDevice / _cuda_getCurrentRawStream, or -1 (the CPU: both None). */
+static PyObject *py_make_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long long e[3];
+  if (nargs != 9 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) != 2 || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "make_step(tables: list of 2, results: dict, ring, spoiled, wants, dummy, device, get_device, "
+                    "get_stream)");
+    return NULL;
+  }
+  if (int_args(args + 4, 3, 3, e)) return NULL;
+  if (!name_generation && !(name_generation = PyUnicode_InternFromString("generation"))) return NULL;
+  PyObject *depth = PyObject_GetAttrString(args[2], "depth");
+  PyObject *slots = PyObject_GetAttrString(args[2], "_slot_generation");
+  long long d = depth ? PyLong_AsLongLong(depth) : -1;
+  Py_XDECREF(depth);
+  if (!slots || !PyList_Check(slots) || d < 1 || PyList_GET_SIZE(slots) != d ||
+      (e[2] >= 0 && (!PyCallable_Check(args[7]) || !PyCallable_Check(args[8])))) {
+    Py_XDECREF(slots);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_step: not a ring of its depth, or no getters");
+    return NULL;
+  }
+  StepState *s = PyMem_Calloc(1, sizeof(StepState));
+  if (!s) {
+    Py_DECREF(slots);
+    return PyErr_NoMemory();
+  }
+  s->tables = Py_NewRef(args[0]);
+  s->results = Py_NewRef(args[1]);
+  s->ring = Py_NewRef(args[2]);
+  s->slot_generations = slots;
+  s->spoiled = Py_NewRef(args[3]);
+  s->wants = e[0], s->dummy = e[1], s->device = (long)e[2], s->depth = d;
+  if (s->device >= 0) {
+    s->get_device = Py_NewRef(args[7]);
+    s->get_stream = Py_NewRef(args[8]);
+    s->device_obj = PyLong_FromLong(s->device);
+  }
+  PyObject *capsule = s->device < 0 || s->device_obj ? PyCapsule_New(s, "chunkmeta.step", free_step_state) : NULL;
+  if (!capsule) release_step_state(s);
+  return capsule;
+}
+
+/* The current CUDA stream of the state's device in *stream: 0, or -1 when another device is
+   current (the launch would go there) or with an error set. */
+static int current_stream(StepState *s, long long *stream) {
+  PyObject *current = PyObject_CallNoArgs(s->get_device);
+  long index = current ? PyLong_AsLong(current) : -1;
+  Py_XDECREF(current);
+  if (PyErr_Occurred() || index != s->device) return -1;
+  PyObject *raw = PyObject_CallOneArg(s->get_stream, s->device_obj);
+  *stream = raw ? PyLong_AsLongLong(raw) : -1;
+  Py_XDECREF(raw);
+  return PyErr_Occurred() ? -1 : 0;
+}
+
+/* step(state, qsl, qsl_cpu, first_seq, num_seqs, computed, computed_cpu, checkpoints,
+        checkpoints_cpu, padded) -> the StepTables (built and published); or (slot, generation,
+   counts, facts): the host side done and nothing launched (a capsule without a kernel: the
+   caller launches the fill, makes the results and publishes); or an int as run_step returns
+   (nothing written or published: -1, the general path; a CUresult). The claim and the publish
+   are SlotLedger.claim's and .publish's (chunkmeta.ring): the next generation in slot
+   generation % depth; then the slot's generation, then the ledger's. */
+static PyObject *py_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_SetString(PyExc_TypeError, "step takes 10 arguments");
+    return NULL;
+  }
+  StepState *s = PyCapsule_GetPointer(args[0], "chunkmeta.step");
+  if (!s) return NULL;
+  PyObject *padded = args[9];
+  if (padded != Py_True && padded != Py_False) return PyLong_FromLong(-1);
+  long long stream = 0;
+  if (s->device >= 0 && current_stream(s, &stream)) {
+    if (!PyErr_Occurred()) return PyLong_FromLong(-1);
+    return NULL;
+  }
+  PyObject *newest = PyObject_GetAttr(s->ring, name_generation);
+  long long generation = newest ? PyLong_AsLongLong(newest) + 1 : 0;
+  Py_XDECREF(newest);
+  if (PyErr_Occurred()) return NULL;
+  long long slot = generation % s->depth;
+  PyObject *table = PyList_GET_ITEM(s->tables, padded == Py_True);
+  if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) != 8) {
+    PyErr_SetString(PyExc_TypeError, "step: a steps table is a tuple of 8");
+    return NULL;
+  }
+  Py_INCREF(table); /* the caller's Python may replace it while a getter runs */
+  PyObject *out = tensors_step(table, s->wants, args + 1, slot, stream, s->dummy, s->device);
+  Py_DECREF(table);
+  if (!out || PyLong_Check(out)) return out;
+  PyObject *slot_obj = PyLong_FromLongLong(slot), *generation_obj = PyLong_FromLongLong(generation);
+  PyObject *made = NULL;
+  if (slot_obj && generation_obj) {
+    PyObject *counts = PyTuple_GET_ITEM(out, 0), *facts = PyTuple_GET_ITEM(out, 1);
+    if (PyTuple_GET_ITEM(out, 2) == Py_False) {
+      made = PyTuple_Pack(4, slot_obj, generation_obj, counts, facts);
+    } else {
+      PyObject *results = PyDict_GetItemWithError(s->results, padded); /* borrowed */
+      PyObject *call[4] = {slot_obj, generation_obj, counts, facts};
+      Py_XINCREF(results);
+      made = results ? PyObject_Vectorcall(results, call, 4, NULL) : NULL;
+      Py_XDECREF(results);
+      /* published, or the slot (its kernel queued) spoiled: its last build's object is overwritten */
+      if (PyList_SetItem(s->slot_generations, slot, Py_NewRef(made ? generation_obj : s->spoiled)) ||
+          (made && PyObject_SetAttr(s->ring, name_generation, generation_obj)))
+        Py_CLEAR(made);
+    }
+  }
+  Py_XDECREF(slot_obj);
+  Py_XDECREF(generation_obj);
+  Py_DECREF(out);
+  return made;
 }
 
 /* step_host(steps, wants, qsl_cpu, max_len, first_seq, num_seqs, computed_cpu, checkpoints_cpu)
    -> (counts, facts) as run_step gives them, or -1 (nothing written): graph mode's host side
    (chunkmeta.graph.StepGraphBuild.prepare), whose captured kernel reads the engine's static
    device buffers, so only the host tensors are checked. steps: a host-only capsule (no kernel)
-   of one slot; wants as step_tensors'; max_len: the static query_start_loc's entries, which
+   of one slot; wants as tensors_step's; max_len: the static query_start_loc's entries, which
    bound the batch. */
 static PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 8) {
@@ -1559,7 +1701,8 @@ static PyMethodDef methods[] = {
     {"oneshot", (PyCFunction)(void (*)(void))py_oneshot, METH_FASTCALL, "a one-shot build on CUDA"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step_host", (PyCFunction)(void (*)(void))py_step_host, METH_FASTCALL, "graph mode's host side of a step"},
-    {"step_tensors", (PyCFunction)(void (*)(void))py_step_tensors, METH_FASTCALL, "a step build from its tensors"},
+    {"make_step", (PyCFunction)(void (*)(void))py_make_step, METH_FASTCALL, "a step builder's C build state"},
+    {"step", (PyCFunction)(void (*)(void))py_step, METH_FASTCALL, "a whole step build"},
     {"set_tensor_types", (PyCFunction)(void (*)(void))py_set_tensor_types, METH_FASTCALL, "bind torch's classes"},
     {"make_results", (PyCFunction)(void (*)(void))py_make_results, METH_FASTCALL, "a step's result recipe"},
     {"results", (PyCFunction)(void (*)(void))py_results, METH_FASTCALL, "one step build's result objects"},

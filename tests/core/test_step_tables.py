@@ -329,6 +329,38 @@ def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
     assert_step_tables(third, builder, q.tolist(), 0, 2)
 
 
+@pytest.mark.parametrize("path", ["c", "general"])
+def test_results_that_fail_after_the_fill_retire_what_its_slot_held(path):
+    """The result objects come after the fill has written the slot: if making them raises
+    (``MemoryError`` here), the slot's earlier tables are dead all the same, nothing is
+    published, and the next build takes the same generation. The C build (``native.step``) and
+    the general path agree."""
+    builder = StepTablesBuilder(4, 256, tables={"fla": T.Fla(), "conv": T.Conv()}, device="cpu", ring_depth=2)
+    if path == "general":
+        python_only(builder)
+    q = torch.tensor([0, 3, 20], dtype=torch.int32)
+    first, second = builder.build(q, q), builder.build(q, q)
+    if path == "c":
+        builder._native = spy = EnteredSpy(builder._native)
+    make = builder._results[False]
+
+    def fails(*args):
+        raise MemoryError
+
+    builder._results[False] = fails
+    with pytest.raises(MemoryError):
+        builder.build(q, q)  # the slot of `first`
+    assert not first.is_live and second.is_live and builder.builds == 2
+    with pytest.raises(ChunkMetaError, match="fill failed"):
+        first.check_live()
+    builder._results[False] = make
+    third = builder.build(q, q)
+    assert third.generation == 3 and third.is_live and second.is_live
+    assert_step_tables(third, builder, q.tolist(), 0, 2)
+    if path == "c":  # the failing build raised out of native.step; the next one built there
+        assert spy.took == ["entered", "entered", True]
+
+
 def test_counts_match_the_reference_counts():
     """The host counts that size the tables agree with the reference on a larger random batch."""
     rng = np.random.default_rng(0)
@@ -344,7 +376,7 @@ def test_counts_match_the_reference_counts():
 def python_only(builder):
     """The same builder's general path: no C build, its results made in Python."""
     builder._native = None
-    builder._c_build_on = False
+    builder._c_step = None
     builder._steps.clear()
     builder._results = builder._make_results()
     return builder
@@ -524,7 +556,7 @@ def _host_values(table) -> dict:
 
 
 class StepSpy:
-    """The native module, recording whether each step_tensors() / step_host() call built the step."""
+    """The native module, recording whether each step() / step_host() call built the step."""
 
     def __init__(self, module):
         self.module = module
@@ -533,8 +565,8 @@ class StepSpy:
     def __getattr__(self, name):
         return getattr(self.module, name)
 
-    def step_tensors(self, *args):
-        out = self.module.step_tensors(*args)
+    def step(self, *args):
+        out = self.module.step(*args)
         self.took.append(type(out) is not int)
         return out
 
@@ -542,6 +574,14 @@ class StepSpy:
         out = self.module.step_host(*args)
         self.took.append(type(out) is not int)
         return out
+
+
+class EnteredSpy(StepSpy):
+    """A StepSpy that also records each step() call as it starts."""
+
+    def step(self, *args):
+        self.took.append("entered")
+        return super().step(*args)
 
 
 HOST_ODD_TENSORS = [odd for odd in ODD_TENSORS if odd[1].endswith("_cpu")]

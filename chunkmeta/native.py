@@ -15,9 +15,9 @@ and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its job
   never changes between builds: the kernel handle, its launch shape, the ring's pointers and the
   layout's padding.
 * ``step(state, ...)``: the same for ``chunkmeta.StepTablesBuilder``, from the build's tensors:
-  their checks (``set_tensor_types`` binds torch's classes once; engines pass new tensor objects
-  every step, and those checks cost more in Python than the rest of the host side), the ring's
-  claim, every value check, each kernel entry's rows, the host ``cu_seqlens`` copies, the launch
+  their checks (``set_tensor_types`` binds torch's classes and the attributes read, once; engines
+  pass new tensor objects every step, and those checks cost more in Python than the rest of the
+  host side), the ring's claim, every value check, each kernel entry's rows, the host ``cu_seqlens`` copies, the launch
   of the step kernel (``make_steps`` holds its constants; with no kernel it does the host side
   alone, as CPU builds use it), the result objects (``results``: ``make_results`` compiles a
   ``chunkmeta.results`` recipe) and the publish. ``make_step`` binds the builder's parts it
@@ -72,7 +72,8 @@ def module():
         return None
     if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):
         return None  # an attrs that stopped making slots: the Python path builds it
-    loaded.set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided)
+    if not loaded.set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided):
+        return None  # a torch whose Tensor attributes are not descriptors: the Python path builds
     _module = loaded
     return _module
 

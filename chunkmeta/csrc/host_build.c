@@ -442,15 +442,28 @@ static PyObject *new_metadata(PyObject *const *values) {
   return new_object(metadata_type, metadata_fields, values, NUM_FIELDS);
 }
 
+/* torch.Tensor's attributes a build reads of its tensors, bound once (set_tensor_types): the
+   descriptors themselves, called directly. Through the attribute lookup each read also paid a
+   type lookup and, for a method, a bound call: a step build reads 7 attributes of each input
+   tensor and makes a fresh alias of each FLA cu_seqlens (.data), every build. */
+enum { T_DTYPE, T_LAYOUT, T_IS_CPU, T_IS_CUDA, T_SHAPE, T_DATA, T_GET_DEVICE, T_STRIDE, T_DATA_PTR, T_ATTRS };
+#define T_FIRST_METHOD T_GET_DEVICE /* the getters (data descriptors), then the methods */
+static PyObject *tensor_attr[T_ATTRS];
+
+/* t.<attribute> of a torch.Tensor t (a getter): new reference, or NULL with an error. */
+static PyObject *tensor_get(int which, PyObject *t) {
+  PyObject *descriptor = tensor_attr[which];
+  return Py_TYPE(descriptor)->tp_descr_get(descriptor, t, (PyObject *)Py_TYPE(t));
+}
+
+/* t.<method>() of a torch.Tensor t: new reference, or NULL with an error. */
+static PyObject *tensor_call(int which, PyObject *t) { return PyObject_Vectorcall(tensor_attr[which], &t, 1, NULL); }
+
 /* A new tensor object over the same memory as `view` (new reference), or NULL with an error:
    what FLA's identity-memoized helpers need of each build's cu_seqlens. `.data` makes it without
    the dispatcher, in about half the host time of a detach(); the alias is only read, so the
    version counter it does not share is never consulted. */
-static PyObject *fresh_alias(PyObject *view) {
-  static PyObject *data = NULL;
-  if (!data && !(data = PyUnicode_InternFromString("data"))) return NULL;
-  return PyObject_GetAttr(view, data);
-}
+static PyObject *fresh_alias(PyObject *view) { return tensor_get(T_DATA, view); }
 
 /* The views of a slot sized (seqs_out, rows_out) as new references in out = (cu_seqlens,
    chunk_indices, chunk_offsets, cu_seqlens_cpu): from the builder's caches (seq_cache:
@@ -1121,6 +1134,20 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
   }
 }
 
+/* A tuple of the n values as ints, then `spare` items left for the caller to set (new
+   reference), or NULL with an error. (Py_BuildValue parses its format on every call.) */
+static PyObject *int_tuple(const int64_t *values, int n, int spare) {
+  PyObject *made = PyTuple_New(n + spare);
+  for (int i = 0; made && i < n; i++) {
+    PyObject *value = PyLong_FromLongLong(values[i]);
+    if (value)
+      PyTuple_SET_ITEM(made, i, value);
+    else
+      Py_CLEAR(made);
+  }
+  return made;
+}
+
 /* One step build's host side and launch (tensors_step, py_step_host): a[] = (host, host_len,
    is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
    entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
@@ -1237,27 +1264,22 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
     host_cu_seqlens(out, sq, is64, sn, s0, st->padded ? st->seqs_pad[j] : sn);
   }
-  PyObject *count_tuple = PyTuple_New(st->entries);
-  if (!count_tuple) return NULL;
-  for (int j = 0; j < st->entries; j++) {
-    PyObject *value = PyLong_FromLongLong(counts[j]);
-    if (!value) {
-      Py_DECREF(count_tuple);
-      return NULL;
-    }
-    PyTuple_SET_ITEM(count_tuple, j, value);
-  }
-  /* the two flags as bools: they are the result objects' bool fields (prep_initial_states) */
-  PyObject *facts = Py_BuildValue("(LLLLLLLNN)", (long long)first, (long long)n, (long long)(end - start),
-                                  (long long)slice.longest, (long long)requests, (long long)(batch_end - batch_start),
-                                  (long long)batch.longest, PyBool_FromLong(prep), PyBool_FromLong(any_checkpoint));
-  if (!facts) {
-    Py_DECREF(count_tuple);
+  /* the facts' two flags are bools: they are the result objects' bool fields (prep_initial_states) */
+  const int64_t fact_ints[7] = {first, n, end - start, slice.longest, requests, batch_end - batch_start,
+                                batch.longest};
+  PyObject *count_tuple = int_tuple(counts, st->entries, 0), *facts = int_tuple(fact_ints, 7, 2);
+  PyObject *made = count_tuple && facts ? PyTuple_New(with_launched ? 3 : 2) : NULL;
+  if (!made) {
+    Py_XDECREF(count_tuple);
+    Py_XDECREF(facts);
     return NULL;
   }
-  if (with_launched)
-    return Py_BuildValue("(NNO)", count_tuple, facts, st->function || st->cpu_fill ? Py_True : Py_False);
-  return Py_BuildValue("(NN)", count_tuple, facts);
+  PyTuple_SET_ITEM(facts, 7, PyBool_FromLong(prep));
+  PyTuple_SET_ITEM(facts, 8, PyBool_FromLong(any_checkpoint));
+  PyTuple_SET_ITEM(made, 0, count_tuple);
+  PyTuple_SET_ITEM(made, 1, facts);
+  if (with_launched) PyTuple_SET_ITEM(made, 2, PyBool_FromLong(st->function || st->cpu_fill));
+  return made;
 }
 
 /* ---- a step build from the caller's tensors --------------------------------------------- */
@@ -1266,28 +1288,37 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
    and method calls per tensor) cost more than the rest of the host side. Here they are the
    same reads through the C API. set_tensor_types binds the classes they compare against. */
 static PyObject *tensor_type = NULL, *dtype_i32 = NULL, *dtype_i64 = NULL, *layout_strided = NULL;
-static PyObject *name_dtype, *name_layout, *name_is_cpu, *name_is_cuda, *name_get_device, *name_shape,
-    *name_stride, *name_data_ptr;
 
-/* set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided) -> None */
+/* set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided) -> bool: False (nothing
+   bound) where an attribute is not what the reads call: a data descriptor for a getter (which no
+   instance attribute can shadow, as through the lookup), a callable for a method. */
 static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyType_Check(args[0])) {
     PyErr_SetString(PyExc_TypeError, "set_tensor_types(Tensor, int32, int64, strided)");
     return NULL;
   }
-  static const char *names[] = {"dtype", "layout", "is_cpu", "is_cuda", "get_device", "shape", "stride",
-                                "data_ptr"};
-  PyObject **slots[] = {&name_dtype,  &name_layout, &name_is_cpu,        &name_is_cuda,
-                        &name_get_device, &name_shape, &name_stride, &name_data_ptr};
-  for (int i = 0; i < 8; i++) {
-    if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+  static const char *names[T_ATTRS] = {"dtype", "layout", "is_cpu",     "is_cuda", "shape",
+                                       "data",  "get_device", "stride", "data_ptr"};
+  PyObject *found[T_ATTRS] = {NULL};
+  int ok = 1;
+  for (int i = 0; ok && i < T_ATTRS; i++) {
+    found[i] = PyObject_GetAttrString(args[0], names[i]);
+    PyTypeObject *kind = found[i] ? Py_TYPE(found[i]) : NULL;
+    ok = kind && (i < T_FIRST_METHOD ? kind->tp_descr_get && kind->tp_descr_set : PyCallable_Check(found[i]));
   }
+  if (!ok) {
+    for (int i = 0; i < T_ATTRS; i++) Py_XDECREF(found[i]);
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  for (int i = 0; i < T_ATTRS; i++) Py_XSETREF(tensor_attr[i], found[i]);
   PyObject **bound[] = {&tensor_type, &dtype_i32, &dtype_i64, &layout_strided};
   for (int i = 0; i < 4; i++) {
     Py_INCREF(args[i]);
     Py_XSETREF(*bound[i], args[i]);
   }
-  Py_RETURN_NONE;
+  Py_RETURN_TRUE;
 }
 
 /* A plain tensor the C build takes: exactly torch.Tensor, int32 or int64, strided, 1-D,
@@ -1296,41 +1327,41 @@ static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_s
    from a getter) takes the general path, whose checks raise the precise error. */
 static int plain_tensor(PyObject *t, long device, long long *out) {
   if (!tensor_type || Py_TYPE(t) != (PyTypeObject *)tensor_type) return 0;
-  PyObject *v = PyObject_GetAttr(t, name_dtype);
+  PyObject *v = tensor_get(T_DTYPE, t);
   int is64 = v == dtype_i64, ok = is64 || v == dtype_i32;
   Py_XDECREF(v);
   if (ok) {
-    v = PyObject_GetAttr(t, name_layout);
+    v = tensor_get(T_LAYOUT, t);
     ok = v == layout_strided;
     Py_XDECREF(v);
   }
   if (ok) {
-    v = PyObject_GetAttr(t, device < 0 ? name_is_cpu : name_is_cuda);
+    v = tensor_get(device < 0 ? T_IS_CPU : T_IS_CUDA, t);
     ok = v == Py_True;
     Py_XDECREF(v);
   }
   if (ok && device >= 0) {
-    v = PyObject_CallMethodNoArgs(t, name_get_device);
+    v = tensor_call(T_GET_DEVICE, t);
     ok = v && PyLong_Check(v) && PyLong_AsLong(v) == device;
     Py_XDECREF(v);
   }
   long long length = -1;
   if (ok) {
-    v = PyObject_GetAttr(t, name_shape);
+    v = tensor_get(T_SHAPE, t);
     ok = v && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 1 && PyLong_Check(PyTuple_GET_ITEM(v, 0));
     if (ok) length = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
     Py_XDECREF(v);
     ok = ok && length >= 0;
   }
   if (ok) { /* stride 1, as the general path's checks require (even of a one-entry tensor) */
-    v = PyObject_CallMethodNoArgs(t, name_stride);
+    v = tensor_call(T_STRIDE, t);
     ok = v && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 1 && PyLong_Check(PyTuple_GET_ITEM(v, 0)) &&
          PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0)) == 1;
     Py_XDECREF(v);
   }
   unsigned long long address = 0;
   if (ok) {
-    v = PyObject_CallMethodNoArgs(t, name_data_ptr);
+    v = tensor_call(T_DATA_PTR, t);
     ok = v && PyLong_Check(v);
     if (ok) address = PyLong_AsUnsignedLongLong(v);
     Py_XDECREF(v);
@@ -1602,7 +1633,7 @@ static PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize
 /* The data_ptr() of each of n tensors into out; 0, or -1 with an error. */
 static int data_pointers(PyObject *const *tensors, int n, uint64_t *out) {
   for (int i = 0; i < n; i++) {
-    PyObject *v = PyObject_CallMethodNoArgs(tensors[i], name_data_ptr);
+    PyObject *v = tensor_call(T_DATA_PTR, tensors[i]);
     out[i] = v ? (uint64_t)PyLong_AsUnsignedLongLong(v) : 0;
     Py_XDECREF(v);
     if (PyErr_Occurred()) return -1;

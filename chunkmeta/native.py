@@ -72,7 +72,7 @@ def module():
         return None
     if not loaded.set_metadata_class(ChunkMetadata, [field.name for field in attrs.fields(ChunkMetadata)]):
         return None  # an attrs that stopped making slots: the Python path builds it
-    if not loaded.set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided):
+    if not loaded.set_tensor_types(torch.Tensor, torch.int32, torch.int64):
         return None  # a torch whose Tensor attributes are not descriptors: the Python path builds
     _module = loaded
     return _module

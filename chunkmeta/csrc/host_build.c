@@ -446,7 +446,7 @@ static PyObject *new_metadata(PyObject *const *values) {
    descriptors themselves, called directly. Through the attribute lookup each read also paid a
    type lookup and, for a method, a bound call: a step build reads 7 attributes of each input
    tensor and makes a fresh alias of each FLA cu_seqlens (.data), every build. */
-enum { T_DTYPE, T_LAYOUT, T_IS_CPU, T_IS_CUDA, T_SHAPE, T_DATA, T_GET_DEVICE, T_STRIDE, T_DATA_PTR, T_ATTRS };
+enum { T_DTYPE, T_IS_CPU, T_IS_CUDA, T_SHAPE, T_DATA, T_GET_DEVICE, T_IS_CONTIGUOUS, T_STRIDE, T_DATA_PTR, T_ATTRS };
 #define T_FIRST_METHOD T_GET_DEVICE /* the getters (data descriptors), then the methods */
 static PyObject *tensor_attr[T_ATTRS];
 
@@ -1287,18 +1287,18 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
    build checks its input tensors every time; in Python those checks (a dozen attribute reads
    and method calls per tensor) cost more than the rest of the host side. Here they are the
    same reads through the C API. set_tensor_types binds the classes they compare against. */
-static PyObject *tensor_type = NULL, *dtype_i32 = NULL, *dtype_i64 = NULL, *layout_strided = NULL;
+static PyObject *tensor_type = NULL, *dtype_i32 = NULL, *dtype_i64 = NULL;
 
-/* set_tensor_types(torch.Tensor, torch.int32, torch.int64, torch.strided) -> bool: False (nothing
+/* set_tensor_types(torch.Tensor, torch.int32, torch.int64) -> bool: False (nothing
    bound) where an attribute is not what the reads call: a data descriptor for a getter (which no
    instance attribute can shadow, as through the lookup), a callable for a method. */
 static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyType_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "set_tensor_types(Tensor, int32, int64, strided)");
+  if (nargs != 3 || !PyType_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "set_tensor_types(Tensor, int32, int64)");
     return NULL;
   }
-  static const char *names[T_ATTRS] = {"dtype", "layout", "is_cpu",     "is_cuda", "shape",
-                                       "data",  "get_device", "stride", "data_ptr"};
+  static const char *names[T_ATTRS] = {"dtype",      "is_cpu",        "is_cuda", "shape",   "data",
+                                       "get_device", "is_contiguous", "stride",  "data_ptr"};
   PyObject *found[T_ATTRS] = {NULL};
   int ok = 1;
   for (int i = 0; ok && i < T_ATTRS; i++) {
@@ -1313,8 +1313,8 @@ static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_s
     Py_RETURN_FALSE;
   }
   for (int i = 0; i < T_ATTRS; i++) Py_XSETREF(tensor_attr[i], found[i]);
-  PyObject **bound[] = {&tensor_type, &dtype_i32, &dtype_i64, &layout_strided};
-  for (int i = 0; i < 4; i++) {
+  PyObject **bound[] = {&tensor_type, &dtype_i32, &dtype_i64};
+  for (int i = 0; i < 3; i++) {
     Py_INCREF(args[i]);
     Py_XSETREF(*bound[i], args[i]);
   }
@@ -1324,17 +1324,14 @@ static PyObject *py_set_tensor_types(PyObject *self, PyObject *const *args, Py_s
 /* A plain tensor the C build takes: exactly torch.Tensor, int32 or int64, strided, 1-D,
    stride 1, on `device` (-1: the CPU, else that CUDA device). 1 with its (address, length,
    is64) in out[], or 0 with no error set: anything else (a subclass, another device, an error
-   from a getter) takes the general path, whose checks raise the precise error. */
+   from a getter) takes the general path, whose checks raise the precise error. The layout is
+   not read: of the other layouts only a sparse COO tensor is 1-D, and its is_contiguous() and
+   stride() raise (the general path's check_dense then names it). */
 static int plain_tensor(PyObject *t, long device, long long *out) {
   if (!tensor_type || Py_TYPE(t) != (PyTypeObject *)tensor_type) return 0;
   PyObject *v = tensor_get(T_DTYPE, t);
   int is64 = v == dtype_i64, ok = is64 || v == dtype_i32;
   Py_XDECREF(v);
-  if (ok) {
-    v = tensor_get(T_LAYOUT, t);
-    ok = v == layout_strided;
-    Py_XDECREF(v);
-  }
   if (ok) {
     v = tensor_get(device < 0 ? T_IS_CPU : T_IS_CUDA, t);
     ok = v == Py_True;
@@ -1353,7 +1350,13 @@ static int plain_tensor(PyObject *t, long device, long long *out) {
     Py_XDECREF(v);
     ok = ok && length >= 0;
   }
-  if (ok) { /* stride 1, as the general path's checks require (even of a one-entry tensor) */
+  /* stride 1, as the general path's checks require: for 2+ entries that is contiguity (no
+     stride tuple to make), for 0 or 1 the stride itself (contiguous whatever it is) */
+  if (ok && length >= 2) {
+    v = tensor_call(T_IS_CONTIGUOUS, t);
+    ok = v == Py_True;
+    Py_XDECREF(v);
+  } else if (ok) {
     v = tensor_call(T_STRIDE, t);
     ok = v && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 1 && PyLong_Check(PyTuple_GET_ITEM(v, 0)) &&
          PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0)) == 1;

@@ -444,8 +444,9 @@ static PyObject *new_metadata(PyObject *const *values) {
 
 /* torch.Tensor's attributes a build reads of its tensors, bound once (set_tensor_types): the
    descriptors themselves, called directly. Through the attribute lookup each read also paid a
-   type lookup and, for a method, a bound call: a step build reads 7 attributes of each input
-   tensor and makes a fresh alias of each FLA cu_seqlens (.data), every build. */
+   type lookup and, for a method, a bound call: a step build reads 5 attributes of each host
+   input tensor and 6 of each device one, and makes a fresh alias of each FLA cu_seqlens (.data),
+   every build. */
 enum { T_DTYPE, T_IS_CPU, T_IS_CUDA, T_SHAPE, T_DATA, T_GET_DEVICE, T_IS_CONTIGUOUS, T_STRIDE, T_DATA_PTR, T_ATTRS };
 #define T_FIRST_METHOD T_GET_DEVICE /* the getters (data descriptors), then the methods */
 static PyObject *tensor_attr[T_ATTRS];
@@ -1416,17 +1417,19 @@ static PyObject *tensors_step(PyObject *table, long long wants, PyObject *const 
 /* ---- a whole step build in one call ------------------------------------------------------ */
 /* StepTablesBuilder.build's C build: the current device and stream, the ring's claim, the host
    side and launch (tensors_step), the result objects and the publish. As separate calls from
-   Python that glue cost 1-2 us per build on the H200's hosts (bench/diag_launch.py), a tenth of
-   the build. A step state (make_step) holds the builder's parts it reads; the steps tables and
-   the results executors stay the builder's own objects, read at every build. */
+   Python that glue cost about 2 us of a 15.6 us build at 1024 requests on the H200's host
+   (diag_launch record of 2026-12-02 08:02). A step state (make_step) holds the builder's parts
+   it reads; the steps tables and the results executors stay the builder's own objects, read at
+   every build. */
 typedef struct {
   PyObject *tables;           /* list [exact, padded]: each tensors_step's table */
   PyObject *results;          /* dict {False: f, True: f}, f(slot, generation, counts, facts) -> StepTables */
   PyObject *ring;             /* the builder's TableRing: a SlotLedger */
   PyObject *slot_generations; /* its _slot_generation list */
-  PyObject *spoiled;          /* chunkmeta.ring._SPOILED */
+  PyObject *spoiled;          /* chunkmeta.ring.SPOILED */
   PyObject *get_device, *get_stream, *device_obj; /* CUDA: torch._C's current device and raw stream */
-  long long wants, dummy, depth;
+  Py_ssize_t depth;           /* the ring's slots: slot_generations' length */
+  long long wants, dummy;
   long device;
 } StepState;
 
@@ -1444,10 +1447,11 @@ static void free_step_state(PyObject *capsule) {
   if (s) release_step_state(s);
 }
 
-/* make_step(tables, results, ring, spoiled, wants, dummy, device, get_device, get_stream) -> capsule.
-   tables: a list of two tables (exact, padded); results: a dict of the two executors; ring: a
-   SlotLedger of `depth` slots; device: a CUDA index, whose get_device() / get_stream(device) are
-   torch._C._cuda_getDevice / _cuda_getCurrentRawStream, or -1 (the CPU: both None). */
+/* make_step(tables, results, ring, spoiled, wants, dummy, device, get_device, get_stream)
+   -> capsule. tables: a list of two tables (exact, padded); results: a dict of the two
+   executors; ring: a SlotLedger (its slots: its _slot_generation's length); device: a CUDA
+   index, whose get_device() / get_stream(device) are torch._C._cuda_getDevice /
+   _cuda_getCurrentRawStream, or -1 (the CPU: both None). */
 static PyObject *py_make_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   long long e[3];
   if (nargs != 9 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) != 2 || !PyDict_Check(args[1])) {
@@ -1458,14 +1462,11 @@ static PyObject *py_make_step(PyObject *self, PyObject *const *args, Py_ssize_t 
   }
   if (int_args(args + 4, 3, 3, e)) return NULL;
   if (!name_generation && !(name_generation = PyUnicode_InternFromString("generation"))) return NULL;
-  PyObject *depth = PyObject_GetAttrString(args[2], "depth");
   PyObject *slots = PyObject_GetAttrString(args[2], "_slot_generation");
-  long long d = depth ? PyLong_AsLongLong(depth) : -1;
-  Py_XDECREF(depth);
-  if (!slots || !PyList_Check(slots) || d < 1 || PyList_GET_SIZE(slots) != d ||
+  if (!slots || !PyList_Check(slots) || PyList_GET_SIZE(slots) < 1 ||
       (e[2] >= 0 && (!PyCallable_Check(args[7]) || !PyCallable_Check(args[8])))) {
     Py_XDECREF(slots);
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_step: not a ring of its depth, or no getters");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_step: a ring without slots, or no getter");
     return NULL;
   }
   StepState *s = PyMem_Calloc(1, sizeof(StepState));
@@ -1478,7 +1479,7 @@ static PyObject *py_make_step(PyObject *self, PyObject *const *args, Py_ssize_t 
   s->ring = Py_NewRef(args[2]);
   s->slot_generations = slots;
   s->spoiled = Py_NewRef(args[3]);
-  s->wants = e[0], s->dummy = e[1], s->device = (long)e[2], s->depth = d;
+  s->wants = e[0], s->dummy = e[1], s->device = (long)e[2], s->depth = PyList_GET_SIZE(slots);
   if (s->device >= 0) {
     s->get_device = Py_NewRef(args[7]);
     s->get_stream = Py_NewRef(args[8]);

@@ -70,16 +70,18 @@ class Arena:
 
     def _new_seq_blocks(self, entries: int) -> None:
         self.blocks_made += 3
-        self._seq_blocks = (
-            torch.empty(entries, dtype=torch.int64, device=self.device),
-            torch.empty(entries, dtype=torch.int32, device=self.device),
-            torch.empty(entries, dtype=torch.int32),
-        )
+        with torch.inference_mode():  # views of inference tensors are cheap (chunkmeta.ring.TABLE_MEMORY)
+            self._seq_blocks = (
+                torch.empty(entries, dtype=torch.int64, device=self.device),
+                torch.empty(entries, dtype=torch.int32, device=self.device),
+                torch.empty(entries, dtype=torch.int32),
+            )
         self._seq_used, self._seq_entries = 0, entries
 
     def _new_row_block(self, entries: int) -> None:
         self.blocks_made += 1
-        self._row_block = torch.empty((entries, 2), dtype=self.indices_dtype, device=self.device)
+        with torch.inference_mode():
+            self._row_block = torch.empty((entries, 2), dtype=self.indices_dtype, device=self.device)
         self._row_used, self._row_entries = 0, entries
 
 

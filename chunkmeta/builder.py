@@ -479,7 +479,8 @@ def build_chunk_metadata(
     n, nt = step.num_seqs, step.num_chunks
     if backend == "torch":  # its fill skips entry 0 of cu_seqlens / chunk_offsets: zeroed memory
         offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=True)
-        cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+        with torch.inference_mode():
+            cu_cpu = torch.empty(n + 1, dtype=torch.int32)
     else:
         offsets, cu, indices, cu_cpu = _one_shot_outputs(device, n, nt, indices_dtype)
     _plan.write_host_cu_seqlens(step, cu_cpu.numpy())
@@ -534,11 +535,14 @@ def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zer
     words_per_index = 1 if indices_dtype == torch.int32 else 2
     allocate = torch.zeros if zeroed else torch.empty
     sizes = (2 * (num_seqs + 1), 2 * num_chunks * words_per_index, num_seqs + 1)
-    words = allocate(sum(sizes), dtype=torch.int32, device=device)
-    offsets, indices, cu = words.split(sizes)
-    if indices_dtype != torch.int32:
-        indices = indices.view(indices_dtype)
-    return offsets.view(torch.int64), cu, indices.view(num_chunks, 2)
+    # inference tensors, as every table (chunkmeta.ring.TABLE_MEMORY); a dtype view outside
+    # inference mode would be a normal tensor again
+    with torch.inference_mode():
+        words = allocate(sum(sizes), dtype=torch.int32, device=device)
+        offsets, indices, cu = words.split(sizes)
+        if indices_dtype != torch.int32:
+            indices = indices.view(indices_dtype)
+        return offsets.view(torch.int64), cu, indices.view(num_chunks, 2)
 
 
 def _one_shot_capsule(fill, dtype, chunk_size):
@@ -577,7 +581,9 @@ def _one_shot_outputs(device: torch.device, num_seqs: int, num_chunks: int, indi
     with torch.cuda.device(index):
         if torch.cuda.is_current_stream_capturing():
             tables = _one_shot_tensors(num_seqs, num_chunks, indices_dtype, device, zeroed=False)
-            return (*tables, torch.empty(num_seqs + 1, dtype=torch.int32))
+            with torch.inference_mode():
+                cu_cpu = torch.empty(num_seqs + 1, dtype=torch.int32)
+            return (*tables, cu_cpu)
         stream = torch.cuda.current_stream(index).cuda_stream
         return _arena.arena(index, stream, indices_dtype).take(num_seqs, num_chunks)
 

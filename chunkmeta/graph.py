@@ -159,10 +159,11 @@ class GraphBuild(_StaticGraph):
         self.padded_num_seqs = shape.seqs_out
         self.num_rows = shape.rows_out
         self._pad_seq = shape.pad_seq
-        self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
-        self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=builder.ring.chunk_offsets.dtype, device=device)
-        self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
-        self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
+        with torch.inference_mode():  # inference tensors, as every table (chunkmeta.ring.TABLE_MEMORY)
+            self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
+            self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=builder.ring.chunk_offsets.dtype, device=device)
+            self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
+            self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
         self._cu_cpu_np = self._cu_cpu.numpy()
         self._staged = ParamsStaging(2, device, staging_depth)
         self._params = self._staged.params

@@ -15,6 +15,7 @@ from chunkmeta.layout import Layout
 from chunkmeta.tables import BASE_PACKED, BASE_ZERO, CONV, FLA, LOGICAL, MAMBA2, TOKENS
 
 
+@torch.inference_mode()  # it writes tables, which are inference tensors (chunkmeta.ring.TABLE_MEMORY)
 def fill_torch(
     query_start_loc: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -62,6 +63,7 @@ def segment_chunks_torch(positions: torch.Tensor, lengths: torch.Tensor, shift: 
     return torch.where(lengths > 0, full, mid.to(torch.int64))
 
 
+@torch.inference_mode()
 def fill_entry_torch(
     entry,
     query_start_loc: torch.Tensor,

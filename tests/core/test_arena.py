@@ -46,12 +46,22 @@ def test_slices_are_typed_sized_and_never_handed_out_twice(indices_dtype):
 def test_a_result_keeps_its_block_alive():
     arena = Arena(-1, torch.int32, block_entries=8)
     first = arena.take(3, 3)
-    for t in first:
-        t.fill_(7)
-    for _ in range(20):  # many blocks later, the first block was dropped by the arena
-        for t in arena.take(5, 6):
-            t.fill_(-1)
+    with torch.inference_mode():  # as a fill writes them (tables are inference tensors)
+        for t in first:
+            t.fill_(7)
+        for _ in range(20):  # many blocks later, the first block was dropped by the arena
+            for t in arena.take(5, 6):
+                t.fill_(-1)
     assert all((t == 7).all() for t in first)
+
+
+def test_slices_are_inference_tensors_that_refuse_writes_outside_inference_mode():
+    """chunkmeta.ring.TABLE_MEMORY: the tables' memory is made in inference mode (cheap views);
+    outside it, an in-place write to a handed-out table raises instead of overwriting it."""
+    for t in Arena(-1, torch.int32, block_entries=8).take(3, 3):
+        assert t.is_inference() and not t.requires_grad
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            t.fill_(1)
 
 
 def test_concurrent_takes_get_disjoint_slices():

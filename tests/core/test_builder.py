@@ -203,7 +203,8 @@ def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
     fill = builder_module.fill_torch
 
     def fails(query_start_loc, cu, *args):
-        cu[1:].fill_(-7)  # part of the slot written (entry 0 is never written), then the failure
+        with torch.inference_mode():  # as the torch fill writes (its tables are inference tensors)
+            cu[1:].fill_(-7)  # part of the slot written (entry 0 is never written), then the failure
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(builder_module, "fill_torch", fails)
@@ -323,3 +324,17 @@ def test_int32_chunk_offsets_are_written_by_the_fill(backend):
         )
     with pytest.raises(ChunkMetaError, match="offsets_dtype"):
         ChunkMetadataBuilder(8, 2000, device="cpu", offsets_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_tables_are_inference_tensors(backend):
+    """chunkmeta.ring.TABLE_MEMORY: the ring's and the one-shot's tables are inference tensors
+    (their views skip autograd's tracking), and consumers read them outside inference mode too."""
+    q = torch.tensor([0, 3, 200], dtype=torch.int32)
+    ring = ChunkMetadataBuilder(4, 256, chunk_size=64, device="cpu", backend=backend)
+    for md in (ring.build(q, q), ring.build_padded(q, q), build_chunk_metadata(q, q, backend=backend)):
+        tensors = (md.cu_seqlens, md.cu_seqlens_cpu, md.chunk_indices, md.chunk_offsets)
+        assert all(t.is_inference() for t in tensors)
+        assert md.cu_seqlens.tolist()[:3] == [0, 3, 200] and (md.chunk_offsets + 1).tolist()[:3] == [1, 2, 6]
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            md.chunk_indices.fill_(0)

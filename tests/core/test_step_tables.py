@@ -728,3 +728,18 @@ def test_positions_near_int32(backend):
     qsl, computed = [0, 5, 9], [2**31 - 10, 2**31 - 100]
     tables = build(builder, qsl, 0, 2, computed, [0, 0])
     assert_step_tables(tables, builder, qsl, 0, 2, computed, [0, 0])
+
+
+@pytest.mark.parametrize("backend", ["torch", "python", "triton"])
+def test_tables_are_inference_tensors(backend):
+    """chunkmeta.ring.TABLE_MEMORY: every table of a step is an inference tensor, exact and padded."""
+    qsl, computed, checkpoints = [0, 1, 40, 300], [0, 16, 33], [0, 20, 0]
+    for padded in (False, True):
+        tables = build(builder_for(backend, "a"), qsl, 1, 2, computed, checkpoints, padded=padded)
+        tensors = [
+            value
+            for name in tables.names
+            for value in attrs.asdict(tables[name], recurse=False).values()
+            if isinstance(value, torch.Tensor)
+        ]
+        assert len(tensors) >= 2 * len(tables.names) and all(t.is_inference() for t in tensors)

@@ -71,7 +71,8 @@ def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):
     for qsl, first, n, computed, checkpoints in steps:
         q, c = torch.tensor(qsl, dtype=dtype), torch.tensor(computed, dtype=dtype)
         k = torch.tensor(checkpoints, dtype=torch.int32)
-        builder.ring.arena.zero_()  # the kernel's arena starts zeroed in the harness
+        with torch.inference_mode():  # the ring's tables are inference tensors (chunkmeta.ring.TABLE_MEMORY)
+            builder.ring.arena.zero_()  # the kernel's arena starts zeroed in the harness
         tables = builder.build(
             q,
             q,

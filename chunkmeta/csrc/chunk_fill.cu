@@ -13,6 +13,7 @@
    non-decreasing, lengths and NT within int32. chunk_indices is stored as int64 pairs
    (seq | chunk << 32), i.e. the int32 [num_rows, 2] table. */
 #include "chunk_fill.h"
+#include "row_search.h"
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__restrict__ step_params,
@@ -73,36 +74,15 @@ chunk_metadata_fill(const QSL_T *__restrict__ query_start_loc, const int *__rest
     warp_last[w] = num_chunks;
   }
 
-  /* each row's sequence is the number of chunk ends at or before it: first its warp (the warps
-     ending at or before it, counted in registers), then within that warp's sequences (a radix-4
-     search of shared memory: three independent loads per level) */
+  /* each row's sequence is the number of chunk ends at or before it: the warps' (registers), then
+     within its warp's sequences (row_search.h) */
 #pragma unroll
   for (int k = 0; k < ROWS_PER_THREAD; k++) {
     const int r = blockIdx.x * BLOCK_ROWS + k * THREADS + tid;
-    int w = 0, warp_start = 0;
-#pragma unroll
-    for (int v = 0; v < WARPS - 1; v++) {
-      const bool past = warp_last[v] <= r;
-      w += past;
-      warp_start = past ? warp_last[v] : warp_start;
-    }
-    const int *ends_of = warp_ends + w * WARP_LANES;
+    int warp_start = 0, start = 0;
+    const int w = warps_at_or_before<WARPS>(warp_last, r, &warp_start);
     const int target = r - warp_start;
-    int pos = 0, start = 0;
-    if (LOG2_WARP_LANES & 1) { /* an odd number of levels: one binary level first */
-      const int e = ends_of[WARP_LANES / 2 - 1];
-      if (e <= target) {
-        pos = WARP_LANES / 2;
-        start = e;
-      }
-    }
-#pragma unroll
-    for (int step = (LOG2_WARP_LANES & 1 ? WARP_LANES / 2 : WARP_LANES) / 4; step >= 1; step /= 4) {
-      const int a = ends_of[pos + step - 1], b = ends_of[pos + 2 * step - 1], c = ends_of[pos + 3 * step - 1];
-      const bool in_a = a <= target, in_b = b <= target, in_c = c <= target;
-      start = in_c ? c : in_b ? b : in_a ? a : start;
-      pos += (in_a + in_b + in_c) * step;
-    }
+    const int pos = ends_at_or_before<LOG2_WARP_LANES>(warp_ends + w * WARP_LANES, target, &start);
     if (r < num_rows) {
       int seq = w * WARP_LANES + pos, chunk = target - start;
       if (PADDED && r >= num_chunks) {

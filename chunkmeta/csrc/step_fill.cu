@@ -12,9 +12,10 @@
 
    Grid: sum_j max(1, cdiv(rows_j, BLOCK_ROWS)) programs; entry j owns the next ones. Each program
    scans its slice's chunk counts itself (block-wide, in shared memory), finds each row's sequence
-   by binary search over the chunk ends, and stores its share of the per-sequence tables: programs
-   never communicate. Relies on host-validated input: offsets non-decreasing, positions and counts
-   within int32. */
+   over the chunk ends (the warp's in registers, then a radix-4 search of shared memory), and
+   stores its share of the per-sequence tables: programs never communicate. Relies on
+   host-validated input: offsets non-decreasing, positions and counts within int32. */
+#include "row_search.h"
 #include "step_chunks.h"
 
 /* entry fields (chunkmeta.tables.Entry) */
@@ -32,6 +33,13 @@
 #define PAD1 11
 
 __device__ constexpr long long entry_table[6][12] = {ENTRIES};
+
+__device__ constexpr int log2_of(int x) { return x > 1 ? 1 + log2_of(x >> 1) : 0; }
+
+/* thread t holds sequences [t * per_thread, (t + 1) * per_thread), so warp w the WARP_LANES from
+   w * WARP_LANES */
+constexpr int WARPS = THREADS / 32, WARP_LANES = SEQ_LANES / WARPS, LOG2_WARP_LANES = log2_of(WARP_LANES);
+constexpr int ROWS_PER_THREAD = BLOCK_ROWS / THREADS;
 
 template <int J>
 __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_loc,
@@ -63,7 +71,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     mine[k] = (int)sum;
   }
   /* the threads' totals scanned across the block: within warps by shuffles, then the warps' */
-  __shared__ int warp_totals[THREADS / 32];
+  __shared__ int warp_totals[WARPS];
   const int lane = tid & 31, warp = tid >> 5;
   int running = (int)sum;
 #pragma unroll
@@ -73,11 +81,13 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   }
   if (lane == 31) warp_totals[warp] = running;
   __syncthreads();
-  int before = running - (int)sum, num_chunks = 0;
+  /* warp_last[w]: the chunks of warps 0..w, in every thread's registers (the row search's first level) */
+  int before = running - (int)sum, num_chunks = 0, warp_last[WARPS];
 #pragma unroll
-  for (int w = 0; w < THREADS / 32; w++) {
+  for (int w = 0; w < WARPS; w++) {
     before += w < warp ? warp_totals[w] : 0;
     num_chunks += warp_totals[w];
+    warp_last[w] = num_chunks;
   }
 #pragma unroll
   for (int k = 0; k < per_thread; k++) ends[tid * per_thread + k] = before + mine[k];
@@ -115,22 +125,26 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     }
   }
 
-  /* rows: each one's sequence is the number of sequences whose chunks end at or before it */
-  for (int r = pid * BLOCK_ROWS + tid; r < min(num_rows, (pid + 1) * BLOCK_ROWS); r += THREADS) {
-    int seq = 0, chunk = 0;
+  /* rows: each one's sequence is the number of sequences whose chunks end at or before it, found
+     over the warps (registers), then within its warp's sequences (row_search.h). Past the real
+     sequences ends[] holds num_chunks, past any real row. Every row of the thread is searched
+     before any is stored, so the searches overlap. */
+  int row_seq[ROWS_PER_THREAD], row_chunk[ROWS_PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < ROWS_PER_THREAD; k++) {
+    const int r = pid * BLOCK_ROWS + k * THREADS + tid;
+    int start = 0;
+    const int w = warps_at_or_before<WARPS>(warp_last, r, &start);
+    const int pos = ends_at_or_before<LOG2_WARP_LANES>(ends + w * WARP_LANES, r, &start);
+    row_seq[k] = w * WARP_LANES + pos;
+    row_chunk[k] = r - start;
+  }
+#pragma unroll
+  for (int k = 0; k < ROWS_PER_THREAD; k++) {
+    const int r = pid * BLOCK_ROWS + k * THREADS + tid;
+    if (r >= num_rows) break;
     const bool real = r < num_chunks;
-    if (real) {
-      int lo = 0, hi = n; /* the first sequence whose end is past r */
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (ends[mid] <= r)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      seq = lo;
-      chunk = r - (seq ? ends[seq - 1] : 0);
-    }
+    const int seq = real ? row_seq[k] : 0, chunk = real ? row_chunk[k] : 0;
     if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs, one 8-byte store */
       const long long pad0 = entry_table[J][PAD0], pad1 = entry_table[J][PAD1];
       const long long a = real ? seq : pad0, b = real ? chunk : pad1;

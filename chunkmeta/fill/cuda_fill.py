@@ -133,6 +133,7 @@ class CudaFill:
 
 STEP_SOURCE = "step_fill.cu"
 STEP_HEADER = "step_chunks.h"  # what the kernel and the C build's CPU fill share
+ROW_SEARCH = "row_search.h"  # the row search both kernels share
 STEP_ENTRY = b"step_tables_fill"
 
 
@@ -217,14 +218,15 @@ def _source(qsl_t: str, defines, body: str | None = None) -> bytes:
 
 def compile_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
     """A translation unit of ``_source``'s, compiled by NVRTC for ``capability`` (sm_XY), with
-    ``chunk_fill.h`` as its header (``chunkmeta.jit.cubin``: cached on disk)."""
-    return jit.cubin(source, capability, {HEADER: jit.source(HEADER)})
+    ``chunk_fill.h`` and ``row_search.h`` as its headers (``chunkmeta.jit.cubin``: cached on disk)."""
+    return jit.cubin(source, capability, {HEADER: jit.source(HEADER), ROW_SEARCH: jit.source(ROW_SEARCH)})
 
 
 def compile_step_cubin(source: bytes, capability: tuple[int, int]) -> bytes:
-    """A ``CudaStepFill.source`` compiled by NVRTC for ``capability``, with ``step_chunks.h`` as its
-    header (cached on disk)."""
-    return jit.cubin(source, capability, {STEP_HEADER: jit.source(STEP_HEADER)}, program="step_tables_fill.cu")
+    """A ``CudaStepFill.source`` compiled by NVRTC for ``capability``, with ``step_chunks.h`` and
+    ``row_search.h`` as its headers (cached on disk)."""
+    headers = {STEP_HEADER: jit.source(STEP_HEADER), ROW_SEARCH: jit.source(ROW_SEARCH)}
+    return jit.cubin(source, capability, headers, program="step_tables_fill.cu")
 
 
 # -- the driver, through ctypes (one-time work per kernel shape) ---------------------------

@@ -212,13 +212,14 @@ def test_past_end_padding_rows_are_pad_chunk():
 
 
 def test_the_harness_catches_a_wrong_kernel(tmp_path):
-    """The check is not vacuous: chunk_fill.cu with its search off by one (``<`` for ``<=``),
-    found first on the include path, fails."""
-    real = (jit.CSRC / "chunk_fill.cu").read_text()
-    broken = real.replace("const bool in_a = a <= target", "const bool in_a = a < target")
+    """The check is not vacuous: chunk_fill.cu with its row search off by one (``<`` for ``<=``
+    in row_search.h), found first on the include path, fails."""
+    real = (jit.CSRC / cuda_fill.ROW_SEARCH).read_text()
+    broken = real.replace("const bool in_a = a <= r", "const bool in_a = a < r")
     assert broken != real
-    (tmp_path / "chunk_fill.cu").write_text(broken)
-    shutil.copy(jit.CSRC / cuda_fill.HEADER, tmp_path / cuda_fill.HEADER)
+    (tmp_path / cuda_fill.ROW_SEARCH).write_text(broken)
+    for name in ("chunk_fill.cu", cuda_fill.HEADER):
+        shutil.copy(jit.CSRC / name, tmp_path / name)
     with pytest.raises(AssertionError, match="capacity 64, pad None"):
         check(64, None, "int", count=8, csrc=tmp_path)
 

@@ -1,0 +1,157 @@
+"""The step fill's kernels swept on one GPU: device µs per build of a StepTablesBuilder whose C
+build launches the Triton step kernel or the CUDA C step fill at each (THREADS, BLOCK_ROWS), for
+the KDA/GDN step's tables and all five, at builder capacities 256 and 1024, on the step_tables
+workloads that fit. This is how the step builder's kernel order and the CUDA fill's shape are
+chosen (``chunkmeta.step_builder._CUDA_STEP_FILL_FIRST_UP_TO``, ``CudaStepFill``).
+
+    python bench/step_fill_sweep.py [--out DIR] [--repeats K]
+
+Every configuration is a builder of its own (its kernel compiled on its first build); each build
+is checked against the reference once before and once after its timing, and the empty launch's
+device µs is printed per workload (the floor every figure includes, which drifts). Each
+configuration is measured twice, the second time in reverse order. Writes
+``DIR/step_fill_sweep.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+from anchors import empty_kernel
+from step_tables import MAMBA_CHUNK, WORKLOADS, is_exact, kda_tables, make_case, mamba2_tables
+
+from chunkmeta import StepTablesBuilder, step_builder
+from chunkmeta.fill import cuda_fill
+from chunkmeta.timing import device_us_per_call
+
+CAPACITIES = {256: 32768 + 256, 1024: 65536 + 1024}
+SHAPES = [(256, 256), (256, 512), (128, 256), (128, 128), (512, 512)]  # (THREADS, BLOCK_ROWS)
+
+
+@contextlib.contextmanager
+def forced(kernel: str, shape: tuple[int, int] | None):
+    """Builders' C builds, set up inside (after a layout's first build), launch ``kernel``
+    ("cuda" at ``shape``, or "triton")."""
+    plain, first_up_to = cuda_fill.CudaStepFill, step_builder._CUDA_STEP_FILL_FIRST_UP_TO
+
+    class Shaped(plain):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            if shape is not None:
+                self.threads, self.block_rows = shape
+                self.defines = tuple(
+                    (name, {"THREADS": shape[0], "BLOCK_ROWS": shape[1]}.get(name, value))
+                    for name, value in self.defines
+                )
+
+    cuda_fill.CudaStepFill = Shaped  # step_builder imports it when it sets up a C build
+    step_builder._CUDA_STEP_FILL_FIRST_UP_TO = 1 << 30 if kernel == "cuda" else 0
+    try:
+        yield
+    finally:
+        cuda_fill.CudaStepFill = plain
+        step_builder._CUDA_STEP_FILL_FIRST_UP_TO = first_up_to
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--repeats", type=int, default=5, help="device measurements per figure (their median)")
+    args = parser.parse_args(argv)
+    kda = kda_tables(64)
+    table_sets = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}}
+    configs = [("triton", None)] + [("cuda", s) for s in SHAPES]
+    rows = []
+    for capacity in CAPACITIES:
+        for decodes, prefills, tokens in WORKLOADS:
+            if decodes + prefills > capacity or tokens > CAPACITIES[capacity] - capacity:
+                continue
+            qsl_cpu, computed_cpu = make_case(decodes, prefills, tokens, seed=decodes + prefills)
+            case = (qsl_cpu, qsl_cpu.cuda(), computed_cpu, computed_cpu.cuda())
+            floor_x = torch.empty(1, device="cuda")
+            floor = device_us_per_call(lambda: empty_kernel[(1,)](floor_x), calls=100, lead_us=100 * 60, repeats=5)
+            for set_name, tables in table_sets.items():
+                made = []
+                for kernel, shape in configs:
+                    if shape is not None and (shape[0] > max(capacity, 32) or shape[1] % shape[0]):
+                        continue
+                    builder = StepTablesBuilder(capacity, CAPACITIES[capacity], tables=tables, device="cuda")
+
+                    positions = dict(num_computed_tokens=case[3], num_computed_tokens_cpu=case[2])
+
+                    def build(b=builder, rows=positions if builder.needs_computed else {}):
+                        return b.build(case[1], case[0], first_seq=decodes, **rows)
+
+                    with forced(kernel, shape):
+                        exact = is_exact([builder], case, decodes)  # its first build: compiles, sets up
+                        build()
+                    ran = sorted(set(builder.c_build.values()) - {None})
+                    made.append(
+                        {
+                            "kernel": kernel,
+                            "shape": shape,
+                            "ran": ran,
+                            "exact": exact,
+                            "build": build,
+                            "builder": builder,
+                            "us": [],
+                        }
+                    )
+                for order in (made, made[::-1]):
+                    for m in order:
+                        m["us"].append(
+                            device_us_per_call(m["build"], calls=100, lead_us=100 * 120, repeats=args.repeats)
+                        )
+                for m in made:
+                    m["exact"] &= is_exact([m["builder"]], case, decodes)
+                line = "  ".join(
+                    f"{m['kernel']}{'' if m['shape'] is None else '{}/{}'.format(*m['shape'])}"
+                    f"{'' if m['ran'] == [m['kernel']] else '(ran ' + ','.join(m['ran']) + ')'}"
+                    f":{min(m['us']):.2f}{'' if m['exact'] else ' WRONG'}"
+                    for m in sorted(made, key=lambda m: min(m["us"]))
+                )
+                print(
+                    f"cap {capacity} {decodes}+{prefills}x{tokens} {set_name} (empty {floor:.2f}): {line}", flush=True
+                )
+                rows.append(
+                    {
+                        "capacity": capacity,
+                        "decodes": decodes,
+                        "prefills": prefills,
+                        "tokens": tokens,
+                        "tables": set_name,
+                        "empty_launch_us": floor,
+                        "configs": [
+                            {
+                                "kernel": m["kernel"],
+                                "shape": m["shape"],
+                                "ran": m["ran"],
+                                "exact": m["exact"],
+                                "device_us": m["us"],
+                            }
+                            for m in made
+                        ],
+                    }
+                )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "step_fill_sweep.json").write_text(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "nvrtc": cuda_fill.nvrtc_version(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+    return 0 if all(c["exact"] for r in rows for c in r["configs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,7 +29,7 @@ from chunkmeta.ring import SPOILED, TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
-_CUDA_STEP_FILL_FIRST_UP_TO = 256  # sequences: see _make_steps
+_CUDA_STEP_FILL_FIRST_UP_TO = 1024  # sequences: see _make_steps
 
 
 class StepTablesBuilder:
@@ -251,10 +251,12 @@ class StepTablesBuilder:
             self._set_steps(key, False)
             return
         padded = key[0]
-        # the kernels it may launch, best first. On the H200 the CUDA C step fill took less device
-        # time up to 256 sequences and more from 1024 (2.37-2.60 against 2.72-2.82 us; 3.46-3.59
-        # against 2.91-2.99: the step_tables records of 2026-12-01 11:10 and 11:46 UTC), so it goes
-        # first for builders of at most 256 sequences, the Triton kernel first above.
+        # the kernels it may launch, best first. On the H200 the CUDA C step fill (two-level row
+        # search, 256 threads x 256 rows) took less device time than the Triton kernel at 256 and
+        # 1024 sequences in every workload but one (0.0-0.45 us less; 0.04 more for all five
+        # tables at 1024 x 64k: bench/results/step_fill_sweep-2026-12-02.json), so it goes first
+        # up to 1024 sequences. Above, unswept, the Triton kernel goes first: it beat the fill's
+        # earlier binary search from 1024 (the step_tables records of 2026-12-01 11:10, 11:46 UTC).
         candidates = []
         fill = self._fills.get(padded)
         if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:

@@ -147,8 +147,10 @@ class CudaStepFill:
         lanes = max(next_pow2(block_seqs), 32)
         self.threads = min(lanes, 256 if lanes <= 1024 else 512)
         self.seq_lanes = lanes
-        # the Triton step kernel's rows per program (chunkmeta.fill.step_fill.StepFill), a multiple of threads
-        self.block_rows = cdiv(max(256 if lanes <= 512 else 512, lanes // 8), self.threads) * self.threads
+        # rows per program, a multiple of threads: 256 up to 1024 sequences, the fastest shape of
+        # bench/step_fill_sweep.py at 256 and 1024 (bench/results/step_fill_sweep-2026-12-02.json);
+        # above, the Triton step kernel's (chunkmeta.fill.step_fill.StepFill), unswept
+        self.block_rows = cdiv(256 if lanes <= 1024 else max(512, lanes // 8), self.threads) * self.threads
         table = ",".join("{" + ",".join(str(int(v)) for v in entry) + "}" for entry in entries)
         self.defines = (
             ("SEQ_LANES", self.seq_lanes),

@@ -253,9 +253,10 @@ class StepTablesBuilder:
         padded = key[0]
         # the kernels it may launch, best first. On the H200 the CUDA C step fill (two-level row
         # search, 256 threads x 256 rows) took less device time than the Triton kernel at 256 and
-        # 1024 sequences in every workload but one (0.0-0.45 us less; 0.04 more for all five
-        # tables at 1024 x 64k: bench/results/step_fill_sweep-2026-12-02.json), so it goes first
-        # up to 1024 sequences. Above, unswept, the Triton kernel goes first: it beat the fill's
+        # 1024 sequences in 18 of 20 workloads (up to 0.44 us less; 0.03 and 0.04 more at one
+        # request with capacity 256 and for all five tables at 1024 x 64k:
+        # bench/results/step_fill_sweep-2026-12-02.json), so it goes first up to 1024
+        # sequences. Above, unswept, the Triton kernel goes first: it beat the fill's
         # earlier binary search from 1024 (the step_tables records of 2026-12-01 11:10, 11:46 UTC).
         candidates = []
         fill = self._fills.get(padded)

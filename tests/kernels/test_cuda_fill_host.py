@@ -73,6 +73,7 @@ def host_binary(chunk_size: int, capacity: int, padded: bool, qsl_t: str, csrc: 
     inputs = [
         csrc / "chunk_fill.cu",
         csrc / cuda_fill.HEADER,
+        csrc / cuda_fill.ROW_SEARCH,
         HARNESS,
         SUPPORT / "cuda_host.h",
         SUPPORT / "cuda_host_main.h",

@@ -281,7 +281,9 @@ def test_the_kernel_gets_its_source_and_header_and_the_cubin_is_cached(monkeypat
     monkeypatch.setattr(jit, "_libs", {"nvrtc": fake})
     fill = cuda_fill.CudaFill(chunk_size=64, block_seqs=64, padded=False)
     assert fill.kernel(torch.int32, CUDA0) == (1234, 2, 0)
-    assert fake.headers == [(b"chunk_fill.h", (jit.CSRC / "chunk_fill.h").read_bytes())]
+    assert fake.headers == [
+        (name.encode(), (jit.CSRC / name).read_bytes()) for name in ("chunk_fill.h", "row_search.h")
+    ]
     assert fake.source.endswith((jit.CSRC / "chunk_fill.cu").read_bytes())
     assert b"#define QSL_T int\n" in fake.source and b"#define PAD_CHUNK 0\n" in fake.source
     assert fake.options == [b"--gpu-architecture=sm_90", b"-default-device"]

@@ -37,6 +37,7 @@ def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str
     inputs = [
         jit.CSRC / "step_fill.cu",
         jit.CSRC / "step_chunks.h",
+        jit.CSRC / cuda_fill.ROW_SEARCH,
         HARNESS,
         SUPPORT / "cuda_host.h",
         SUPPORT / "step_host_main.h",

@@ -221,6 +221,17 @@ def test_graph_metadata_retires_at_next_prepare():
         md.check_live()
 
 
+def test_graph_metadata_is_inference_tensors():
+    """chunkmeta.ring.TABLE_MEMORY covers graph mode's own tables too."""
+    static_qsl = torch.zeros(9, dtype=torch.int32)
+    graph = service().graph(static_qsl)
+    qsl_cpu = torch.tensor([0, 5, 70], dtype=torch.int32)
+    static_qsl[:3] = qsl_cpu
+    md = graph.prepare(qsl_cpu)
+    tensors = (md.cu_seqlens, md.cu_seqlens_cpu, md.chunk_indices, md.chunk_offsets)
+    assert all(t.is_inference() for t in tensors) and md.cu_seqlens_cpu.tolist()[:3] == [0, 5, 70]
+
+
 def test_audit_catches_a_device_copy_that_differs_from_the_host_copy():
     svc = service(audit_every=2)
     qsl, qsl_cpu = tensors_for(B1)

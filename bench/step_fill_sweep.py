@@ -1,10 +1,11 @@
 """The step fill's kernels swept on one GPU: device µs per build of a StepTablesBuilder whose C
 build launches the Triton step kernel or the CUDA C step fill at each (THREADS, BLOCK_ROWS), for
-the KDA/GDN step's tables and all five, at builder capacities 256 and 1024, on the step_tables
-workloads that fit. This is how the step builder's kernel order and the CUDA fill's shape are
-chosen (``chunkmeta.step_builder._CUDA_STEP_FILL_FIRST_UP_TO``, ``CudaStepFill``).
+the KDA/GDN step's tables and all five, at builder capacities 256, 1024 and 4096, on the
+step_tables workloads that fit (and two larger ones at 4096). This is how the step builder's
+kernel order and the CUDA fill's shape are chosen (``chunkmeta.step_builder._CUDA_STEP_FILL_FIRST_UP_TO``,
+``CudaStepFill``).
 
-    python bench/step_fill_sweep.py [--out DIR] [--repeats K]
+    python bench/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
 
 Every configuration is a builder of its own (its kernel compiled on its first build); each build
 is checked against the reference once before and once after its timing, and the empty launch's
@@ -29,8 +30,10 @@ from chunkmeta import StepTablesBuilder, step_builder
 from chunkmeta.fill import cuda_fill
 from chunkmeta.timing import device_us_per_call
 
-CAPACITIES = {256: 32768 + 256, 1024: 65536 + 1024}
+CAPACITIES = {256: 32768 + 256, 1024: 65536 + 1024, 4096: (1 << 20) + 4096}  # sequences: tokens
 SHAPES = [(256, 256), (256, 512), (128, 256), (128, 128), (512, 512)]  # (THREADS, BLOCK_ROWS)
+# past step_tables' workloads, for capacity 4096 (decodes, prefills, tokens)
+LARGE = [(2048, 2048, 1 << 19), (0, 4096, 1 << 20)]
 
 
 @contextlib.contextmanager
@@ -62,13 +65,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
     parser.add_argument("--repeats", type=int, default=5, help="device measurements per figure (their median)")
+    parser.add_argument(
+        "--capacities", default=",".join(map(str, CAPACITIES)), help="builder capacities, from 256 1024 4096"
+    )
     args = parser.parse_args(argv)
     kda = kda_tables(64)
     table_sets = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}}
     configs = [("triton", None)] + [("cuda", s) for s in SHAPES]
     rows = []
-    for capacity in CAPACITIES:
-        for decodes, prefills, tokens in WORKLOADS:
+    for capacity in (int(c) for c in args.capacities.split(",")):
+        for decodes, prefills, tokens in WORKLOADS + LARGE:
             if decodes + prefills > capacity or tokens > CAPACITIES[capacity] - capacity:
                 continue
             qsl_cpu, computed_cpu = make_case(decodes, prefills, tokens, seed=decodes + prefills)

@@ -29,7 +29,7 @@ from chunkmeta.ring import SPOILED, TableRing
 
 _MAX_ENTRIES = 6  # chunkmeta.fill.step_fill.MAX_ENTRIES (not imported: it imports triton)
 _INT_DTYPES = (torch.int32, torch.int64)
-_CUDA_STEP_FILL_FIRST_UP_TO = 1024  # sequences: see _make_steps
+_CUDA_STEP_FILL_FIRST_UP_TO = 4096  # sequences: see _make_steps
 
 
 class StepTablesBuilder:
@@ -252,12 +252,11 @@ class StepTablesBuilder:
             return
         padded = key[0]
         # the kernels it may launch, best first. On the H200 the CUDA C step fill (two-level row
-        # search, 256 threads x 256 rows) took less device time than the Triton kernel at 256 and
-        # 1024 sequences in 18 of 20 workloads (up to 0.44 us less; 0.03 and 0.04 more at one
-        # request with capacity 256 and for all five tables at 1024 x 64k:
-        # bench/results/step_fill_sweep-2026-12-02.json), so it goes first up to 1024
-        # sequences. Above, unswept, the Triton kernel goes first: it beat the fill's
-        # earlier binary search from 1024 (the step_tables records of 2026-12-01 11:10, 11:46 UTC).
+        # search) took less device time than the Triton kernel at 256 and 1024 sequences in 18
+        # of 20 workloads (up to 0.44 us less; 0.03 and 0.04 more at one request with capacity
+        # 256 and for all five tables at 1024 x 64k: bench/results/step_fill_sweep-2026-12-02.json)
+        # and at 4096 in all 16 (0.36-1.51 us less: step_fill_sweep-2026-12-02-4096.json), so it
+        # goes first up to 4096 sequences; above, unswept, the Triton kernel.
         candidates = []
         fill = self._fills.get(padded)
         if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:

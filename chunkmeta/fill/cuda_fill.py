@@ -147,9 +147,11 @@ class CudaStepFill:
         lanes = max(next_pow2(block_seqs), 32)
         self.threads = min(lanes, 256 if lanes <= 1024 else 512)
         self.seq_lanes = lanes
-        # rows per program, a multiple of threads: 256 up to 1024 sequences, the fastest shape of
-        # bench/step_fill_sweep.py at 256 and 1024 (bench/results/step_fill_sweep-2026-12-02.json);
-        # above, the Triton step kernel's (chunkmeta.fill.step_fill.StepFill), unswept
+        # rows per program, a multiple of threads: 256 up to 1024 sequences, then max(512, lanes
+        # / 8) (512 x 512 at 4096): the fastest shapes of bench/step_fill_sweep.py at 256, 1024
+        # and 4096 sequences (bench/results/step_fill_sweep-2026-12-02*.json; at 4096, 256 x 256
+        # won only at one and 4 + 4 requests, by 0.08 us at most, and took 1.7-2.6x as long from
+        # 2048 + 2048). 8192 is unswept
         self.block_rows = cdiv(256 if lanes <= 1024 else max(512, lanes // 8), self.threads) * self.threads
         table = ",".join("{" + ",".join(str(int(v)) for v in entry) + "}" for entry in entries)
         self.defines = (

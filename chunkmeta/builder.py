@@ -478,9 +478,7 @@ def build_chunk_metadata(
     step = _plan.plan_step(host, first_seq, num_seqs, chunk_size, widest, _plan.host_address(host))
     n, nt = step.num_seqs, step.num_chunks
     if backend == "torch":  # its fill skips entry 0 of cu_seqlens / chunk_offsets: zeroed memory
-        offsets, cu, indices = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=True)
-        with torch.inference_mode():
-            cu_cpu = torch.empty(n + 1, dtype=torch.int32)
+        offsets, cu, indices, cu_cpu = _one_shot_tensors(n, nt, indices_dtype, device, zeroed=True)
     else:
         offsets, cu, indices, cu_cpu = _one_shot_outputs(device, n, nt, indices_dtype)
     _plan.write_host_cu_seqlens(step, cu_cpu.numpy())
@@ -526,12 +524,14 @@ def _one_shot_key(chunk_size: int, num_seqs: int, indices_dtype) -> tuple:
 
 
 def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zeroed: bool):
-    """``(chunk_offsets, cu_seqlens, chunk_indices)`` of a one-shot that allocates them (the
-    torch fill, which needs them zeroed, and a one-shot being captured into a CUDA graph), in one
-    allocation of int32 words: chunk_offsets int64 ``[N+1]`` | chunk_indices ``[NT, 2]`` |
-    cu_seqlens int32 ``[N+1]``.
-    In that order every table starts aligned to its dtype, and the split gives each its exact
-    size: four tensor calls in all (each costs about a microsecond of host time)."""
+    """``(chunk_offsets, cu_seqlens, chunk_indices, cu_seqlens_cpu)``, as ``chunkmeta.arena``'s
+    ``take`` hands them out, for a one-shot that allocates them (the torch fill, which needs them
+    zeroed, and a one-shot being captured into a CUDA graph): the device tables in one allocation
+    of int32 words, chunk_offsets int64 ``[N+1]`` | chunk_indices ``[NT, 2]`` | cu_seqlens int32
+    ``[N+1]``, and the host ``cu_seqlens_cpu`` int32 ``[N+1]``, never zeroed (the host copy
+    writes every entry).
+    In that order every device table starts aligned to its dtype, and the split gives each its
+    exact size: four tensor calls for them (each costs about a microsecond of host time)."""
     words_per_index = 1 if indices_dtype == torch.int32 else 2
     allocate = torch.zeros if zeroed else torch.empty
     sizes = (2 * (num_seqs + 1), 2 * num_chunks * words_per_index, num_seqs + 1)
@@ -542,7 +542,8 @@ def _one_shot_tensors(num_seqs: int, num_chunks: int, indices_dtype, device, zer
         offsets, indices, cu = words.split(sizes)
         if indices_dtype != torch.int32:
             indices = indices.view(indices_dtype)
-        return offsets.view(torch.int64), cu, indices.view(num_chunks, 2)
+        cu_cpu = torch.empty(num_seqs + 1, dtype=torch.int32)
+        return offsets.view(torch.int64), cu, indices.view(num_chunks, 2), cu_cpu
 
 
 def _one_shot_capsule(fill, dtype, chunk_size):
@@ -580,10 +581,7 @@ def _one_shot_outputs(device: torch.device, num_seqs: int, num_chunks: int, indi
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
         if torch.cuda.is_current_stream_capturing():
-            tables = _one_shot_tensors(num_seqs, num_chunks, indices_dtype, device, zeroed=False)
-            with torch.inference_mode():
-                cu_cpu = torch.empty(num_seqs + 1, dtype=torch.int32)
-            return (*tables, cu_cpu)
+            return _one_shot_tensors(num_seqs, num_chunks, indices_dtype, device, zeroed=False)
         stream = torch.cuda.current_stream(index).cuda_stream
         return _arena.arena(index, stream, indices_dtype).take(num_seqs, num_chunks)
 

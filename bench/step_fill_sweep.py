@@ -44,13 +44,7 @@ def forced(kernel: str, shape: tuple[int, int] | None):
 
     class Shaped(plain):
         def __init__(self, **kw):
-            super().__init__(**kw)
-            if shape is not None:
-                self.threads, self.block_rows = shape
-                self.defines = tuple(
-                    (name, {"THREADS": shape[0], "BLOCK_ROWS": shape[1]}.get(name, value))
-                    for name, value in self.defines
-                )
+            super().__init__(**kw, **({} if shape is None else dict(threads=shape[0], block_rows=shape[1])))
 
     cuda_fill.CudaStepFill = Shaped  # step_builder imports it when it sets up a C build
     step_builder._CUDA_STEP_FILL_FIRST_UP_TO = 1 << 30 if kernel == "cuda" else 0

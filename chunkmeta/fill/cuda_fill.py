@@ -141,18 +141,35 @@ class CudaStepFill:
     """The CUDA C step fill (``chunkmeta/csrc/step_fill.cu``) for one step builder's entries and
     layout: ``chunkmeta.fill.step_fill.step_tables_kernel``'s twin, with its parameters, launched
     by ``chunkmeta.native``'s step build. Compiled once per process and shape on the first
-    ``kernel()`` call for a triple of input dtypes."""
+    ``kernel()`` call for a triple of input dtypes. ``threads`` / ``block_rows``: another launch
+    shape than the default (bench/step_fill_sweep.py)."""
 
-    def __init__(self, *, entries, block_seqs: int, padded: bool, params_on_device: bool = False):
+    def __init__(
+        self,
+        *,
+        entries,
+        block_seqs: int,
+        padded: bool,
+        params_on_device: bool = False,
+        threads: int | None = None,
+        block_rows: int | None = None,
+    ):
         lanes = max(next_pow2(block_seqs), 32)
-        self.threads = min(lanes, 256 if lanes <= 1024 else 512)
+        self.threads = threads or min(lanes, 256 if lanes <= 1024 else 512)
         self.seq_lanes = lanes
         # rows per program, a multiple of threads: 256 up to 1024 sequences, then max(512, lanes
         # / 8) (512 x 512 at 4096): the fastest shapes of bench/step_fill_sweep.py at 256, 1024
         # and 4096 sequences (bench/results/step_fill_sweep-2026-12-02*.json; at 4096, 256 x 256
         # won only at one and 4 + 4 requests, by 0.08 us at most, and took 1.7-2.6x as long from
         # 2048 + 2048). 8192 is unswept
-        self.block_rows = cdiv(256 if lanes <= 1024 else max(512, lanes // 8), self.threads) * self.threads
+        self.block_rows = (
+            block_rows or cdiv(256 if lanes <= 1024 else max(512, lanes // 8), self.threads) * self.threads
+        )
+        if self.threads & (self.threads - 1) or not 32 <= self.threads <= lanes or self.block_rows % self.threads:
+            raise ValueError(
+                f"threads={self.threads}, block_rows={self.block_rows}: threads a power of two in "
+                f"[32, {lanes}] (the sequence lanes) dividing block_rows"
+            )
         table = ",".join("{" + ",".join(str(int(v)) for v in entry) + "}" for entry in entries)
         self.defines = (
             ("SEQ_LANES", self.seq_lanes),

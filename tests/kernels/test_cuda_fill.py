@@ -39,6 +39,25 @@ def test_bad_shapes_are_refused():
             CudaFill(chunk_size=64, block_seqs=1024, padded=False, threads=threads, block_rows=rows)
 
 
+ENTRIES = [(1, 6, 0, 1, 0, 0, 64, 128, 0, 0, 0, 0)]  # one FLA entry (chunkmeta.tables.Entry's fields)
+
+
+@pytest.mark.parametrize(
+    "capacity, threads, block_rows", [(1, 32, 256), (200, 256, 256), (1024, 256, 256), (4096, 512, 512)]
+)
+def test_step_fill_shapes(capacity, threads, block_rows):
+    """The step fill's defaults (bench/results/step_fill_sweep-2026-12-02*.json), and another
+    shape as the step fill sweep asks for one: its defines follow."""
+    fill = cuda_fill.CudaStepFill(entries=ENTRIES, block_seqs=capacity, padded=False)
+    assert (fill.threads, fill.block_rows) == (threads, block_rows)
+    other = cuda_fill.CudaStepFill(entries=ENTRIES, block_seqs=capacity, padded=False, threads=32, block_rows=64)
+    assert dict(other.defines)["THREADS"] == 32 and dict(other.defines)["BLOCK_ROWS"] == 64
+    # not a power of two, too few, more than the sequence lanes, rows not a multiple
+    for threads, rows in ((48, 96), (16, 64), (2 * max(capacity, 32), 16384), (64, 96)):
+        with pytest.raises(ValueError):
+            cuda_fill.CudaStepFill(entries=ENTRIES, block_seqs=capacity, padded=False, threads=threads, block_rows=rows)
+
+
 def test_no_kernel_where_it_cannot_run(monkeypatch):
     """None (the C build then launches the Triton kernel) off CUDA, past the shared-memory
     limit, for other offset dtypes, and when switched off; none of these touch CUDA or NVRTC."""

@@ -1,0 +1,144 @@
+"""bench/results.py, bench/render.py, bench/plot.py: the records' round trip, RESULTS.md and the
+picture drawn from them, and `render --check` failing on either when it is stale."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import plot  # noqa: E402
+import render  # noqa: E402
+import results  # noqa: E402
+
+
+def check(tmp_path, *command):
+    paths = ["--data", str(tmp_path / "runs.jsonl"), "--results-md", str(tmp_path / "R.md")]
+    return results.main([*paths, "--picture", str(tmp_path / "p.png"), *command])
+
+
+@pytest.fixture
+def data(tmp_path):
+    shutil.copy(results.DATA, tmp_path / "runs.jsonl")
+    return tmp_path
+
+
+def test_committed_results_md_and_picture_are_what_the_data_draw():
+    assert results.main(["render", "--check"]) == 0
+
+
+def test_render_check_fails_on_a_stale_file_and_render_mends_it(data):
+    assert check(data, "render", "--check") == 1  # nothing written yet
+    assert check(data, "render") == 0 and check(data, "render", "--check") == 0
+    (data / "R.md").write_text((data / "R.md").read_text() + "edited\n")
+    assert check(data, "render", "--check") == 1
+    assert check(data, "render") == 0
+    png = bytearray((data / "p.png").read_bytes())
+    image = plot.picture(*plot.series(results.load()))
+    image[100, 200] = 1 if image[100, 200] != 1 else 0  # one pixel of another colour
+    (data / "p.png").write_bytes(plot.png(image))
+    assert check(data, "render", "--check") == 1
+    (data / "p.png").write_bytes(png)
+    assert check(data, "render", "--check") == 0
+
+
+def test_a_new_record_changes_results_md_and_the_picture(data):
+    records = results.load(data / "runs.jsonl")
+    newest = max((r for r in records if r["kind"] == "step_tables"), key=lambda r: r["date"])
+    row = json.loads(json.dumps(newest["figures"]["rows"][0]))
+    row["methods"]["chunkmeta_kda_gdn"]["host_idle_us"] = 3.25
+    record = results.make_record(
+        "step_tables",
+        {"rows": [row, row]},
+        command="python bench/step_tables.py",
+        date="2030-01-01 00:00:00 UTC",
+        commit="abc",
+        device={"gpu": "X"},
+    )
+    with (data / "runs.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    assert check(data, "render") == 0
+    text = (data / "R.md").read_text()
+    assert "Latest: `step_tables@2030-01-01T00:00:00Z`" in text
+    assert "| `step_tables@2030-01-01T00:00:00Z` | abc | X | KDA/GDN 3.2 µs;" in text
+    drawn, shown = plot.draw(results.load(data / "runs.jsonl"))
+    assert shown["id"] == record["id"] and not plot.same_png(drawn, (ROOT / "docs" / "host_time.png").read_bytes())
+
+
+def test_results_md_names_every_record_and_shows_each_familys_latest():
+    records = results.load()
+    text = results.RESULTS_MD.read_text()
+    for r in records:
+        assert f"| `{r['id']}` |" in text, r["id"]
+    for kind in {r["kind"] for r in records}:
+        kept = [r for r in records if r["kind"] == kind and "experiment" not in r]
+        if kept:
+            assert f"Latest: `{max(kept, key=lambda r: r['date'])['id']}`" in text
+
+
+def test_history_lines_are_ranges_over_the_rows():
+    family = render.Family("t", "about", rows="rows", summary="host {us:.1f} µs; {ratio:.1f}x at {n}; {ok}")
+    rows = [{"us": 8.31, "ratio": 52.4, "n": 1, "ok": True}, {"us": 10.29, "ratio": 572.8, "n": 8, "ok": True}]
+    assert render.summary(family, {"figures": {"rows": rows}}) == "host 8.3–10.3 µs; 52.4x at 1, 572.8x at 8; yes"
+    assert render.summary(family, {"figures": {"rows": [{"x": 1}]}}) == "—"  # no format applies
+
+
+def holds_all_three(record):
+    try:
+        return plot.series([record])[0] is record
+    except ValueError:
+        return False
+
+
+def test_the_picture_is_the_latest_step_tables_record_with_all_three_series():
+    records = results.load()
+    first, shown = plot.draw(records)
+    assert first == plot.draw(records)[0]  # the same data, the same bytes
+    assert first[:8] == b"\x89PNG\r\n\x1a\n" and first[16:24] == (960).to_bytes(4, "big") + (736).to_bytes(4, "big")
+    with_all = [r for r in records if r["kind"] == "step_tables" and holds_all_three(r)]
+    assert shown is max(with_all, key=lambda r: r["date"])
+    without_vllm = [r for r in records if r["kind"] == "step_tables" and not r["figures"]["engine_functions"]]
+    with pytest.raises(ValueError, match="no step_tables record"):
+        plot.series(without_vllm)
+
+
+def test_the_font_refuses_a_character_it_lacks():
+    with pytest.raises(ValueError, match="no '€'"):
+        plot.text(plot.np.zeros((40, 40), dtype=plot.np.uint8), 0, 0, "€")
+
+
+def test_records_round_trip_from_a_stage_to_the_data_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKMETA_COMMIT", "unknown")
+    out = tmp_path / "out"
+    record = results.save("stress", {"steps": 1}, script="bench/stress.py", argv=["--out", str(out)], out=out)
+    assert record["command"] == "python bench/stress.py --out $OUT"
+    log = tmp_path / "log"
+    log.write_text("SKIPPED [1] tests/x.py:3: no GPU\n==== 3 passed, 1 skipped in 1.50s ====\n")
+    assert results.main(["record", "gpu_tests", str(log), "--out", str(out), "--command", "bash x"]) == 0
+    assert results.gather(str(out), str(tmp_path / "all.jsonl")) == 0
+    data = tmp_path / "runs.jsonl"
+    data.write_text("")
+    assert results.main(["--data", str(data), "add", str(tmp_path / "all.jsonl"), "--commit", "abc"]) == 0
+    added = results.load(data)
+    assert [r["kind"] for r in added] == ["gpu_tests", "stress"] and {r["commit"] for r in added} == {"abc"}
+    assert added[0]["figures"]["passed"] == 3 and added[0]["figures"]["skip_reasons"] == ["tests/x.py:3: no GPU"]
+    with pytest.raises(SystemExit, match="already in"):
+        results.add([str(tmp_path / "all.jsonl")], None, data)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"kind": "nope"}, "is not one of"),
+        ({"command": "python /work/x.py"}, "machine path"),
+        ({"extra": 1}, "unknown"),
+    ],
+)
+def test_validate_refuses_a_bad_record(change, error):
+    record = results.make_record("stress", {}, command="python bench/stress.py", commit="abc", device={})
+    with pytest.raises(ValueError, match=error):
+        results.validate({**record, **change})

@@ -9,6 +9,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -134,8 +135,14 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         "bench/kernel_sweep.py: device µs per build of each fill launched alone (median of 5 x 200 launches); "
         "configurations Triton BLOCK_ROWS/num_warps/SCAN_COLS, CUDA C THREADS/BLOCK_ROWS.",
         rows="workloads",
-        cell=("{default} {us:.2f} µs (I/O floor {io_floor:.2f})", "{default} {us:.2f} µs"),
-        summary="CUDA C {cuda[us]:.2f} µs; Triton {triton[us]:.2f} µs; empty launch {empty_launch:.2f} µs",
+        cell=(
+            "{default} {us:.2f} µs (I/O floor {io_floor:.2f}); fastest {configs[0][0]} {configs[0][1]:.2f}, "
+            "{configs[1][0]} {configs[1][1]:.2f}, {configs[2][0]} {configs[2][1]:.2f}",
+            "{default} {us:.2f} µs (I/O floor {io_floor:.2f})",
+            "{default} {us:.2f} µs",
+        ),
+        summary="CUDA C {cuda[us]:.2f} µs; Triton {triton[us]:.2f} µs; empty launch {empty_launch:.2f} µs; "
+        "fastest CUDA C {cuda[configs][0][0]}; fastest Triton {triton[configs][0][0]}",
     ),
     "kernel_variants": Family(
         "Kernel variants",
@@ -258,14 +265,15 @@ def latest_table(family: Family, record: dict) -> list[str]:
 
 def _span(texts: list[str]) -> str:
     """One figure over a record's rows: the value, a range lo–hi where only the first number
-    differs, or the values."""
+    differs, or the values (their shared leading words once)."""
     if len(set(texts)) == 1:
         return texts[0]
     parts = [re.fullmatch(r"(\D*?)(-?\d+(?:\.\d+)?)(.*)", t) for t in texts]
     if all(parts) and len({(p.group(1), p.group(3)) for p in parts}) == 1:
         lo, hi = (f(parts, key=lambda p: float(p.group(2))) for f in (min, max))
         return f"{lo.group(1)}{lo.group(2)}–{hi.group(2)}{lo.group(3)}"
-    return ", ".join(dict.fromkeys(texts))
+    prefix = os.path.commonprefix(texts).rpartition(" ")[0]  # a label they share, once
+    return (prefix + " " if prefix else "") + ", ".join(dict.fromkeys(t[len(prefix) :].strip() for t in texts))
 
 
 def summary(family: Family, record: dict) -> str:
@@ -277,7 +285,7 @@ def summary(family: Family, record: dict) -> str:
     items = []
     for fmt in filter(None, family.summary.split("; ")):
         texts = [_format(fmt, row) for row in rows]
-        texts = [{"True": "yes", "False": "NO"}.get(t, t) for t in texts if t is not None]
+        texts = [re.sub(r"\bTrue\b", "yes", re.sub(r"\bFalse\b", "NO", t)) for t in texts if t is not None]
         items += [_span(texts)] if texts else []
     return "; ".join(items).replace("|", "/") or "—"
 

@@ -2,9 +2,10 @@
 
 Two compilers, one cache:
 
-* ``extension(stem, source, switch=...)``: a CPython extension from a ``.c`` file of ``csrc``,
+* ``extension(stem, sources, switch=...)``: a CPython extension from ``.c`` files of ``csrc``,
   built by the C compiler (``$CC``, split as a shell would, so ``CC="ccache gcc"`` and
-  ``CC="gcc -std=gnu11"`` work; else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``) and
+  ``CC="gcc -std=gnu11"`` work; else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``): each
+  file compiled alone (a failure names its file), then the objects linked into one extension,
   loaded with importlib. Its module name carries the cache key (``-DMODULE_NAME=...``).
 * ``cubin(source, capability, headers)``: a CUDA source compiled by NVRTC (through ctypes; the
   ``nvidia-cuda-nvrtc`` wheel torch's CUDA builds depend on, or a CUDA toolkit) for ``sm_XY``.
@@ -135,30 +136,45 @@ def missing_c_toolchain() -> str | None:
     return None
 
 
-def extension(stem: str, source_name: str, *, switch: str, what: str, libraries: tuple[str, ...] = ()):
-    """The extension compiled from ``csrc/<source_name>``, loaded; None (after ``unavailable``'s
-    warning) when it cannot be had, or at once when ``switch`` is ``0``."""
+def extension(stem: str, sources: str | tuple[str, ...], *, switch: str, what: str, libraries: tuple[str, ...] = ()):
+    """The extension compiled from ``csrc/<sources>`` (one file name, or several: each is compiled
+    alone, then the objects are linked into one), loaded; None (after ``unavailable``'s warning)
+    when it cannot be had, or at once when ``switch`` is ``0``."""
     if not enabled(switch):
         return None
     try:
-        return _load_extension(stem, source_name, libraries)
+        return _load_extension(stem, (sources,) if isinstance(sources, str) else tuple(sources), libraries)
     except Unavailable as exc:
         unavailable(switch, what, str(exc))
         return None
 
 
-def _load_extension(stem: str, source_name: str, libraries: tuple[str, ...]):
+def _run_compiler(compiler: list[str], command: list[str], label: str) -> None:
+    """Run one compiler ``command``; Unavailable, naming ``label`` (what it compiles), when it fails."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Unavailable(f"the C compiler {shlex.join(compiler)!r} did not run: {exc}") from None
+    if done.returncode:
+        raise Unavailable(
+            f"{shlex.join(compiler)} failed on {label} (exit {done.returncode}): "
+            f"{_first_lines(done.stderr) or '(no message)'}"
+        )
+
+
+def _load_extension(stem: str, source_names: tuple[str, ...], libraries: tuple[str, ...]):
     compiler = c_compiler()
     include = python_include()
-    path = CSRC / source_name
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    flags = ["-O3", "-shared", "-fPIC", f"-I{include}"]
+    # hidden: what the sources share across files is not exported (PyInit_ is: PyMODINIT_FUNC),
+    # so no library loaded before with a symbol of the same name can take a call meant for ours
+    flags = ["-O3", "-fPIC", "-fvisibility=hidden", f"-I{include}"]
     name = (
         stem
         + "_"
         + _key(
-            source(source_name),
-            [source(header.name) for header in sorted(CSRC.glob("*.h"))],  # what it may include
+            [(source_name, source(source_name)) for source_name in source_names],
+            [source(header.name) for header in sorted(CSRC.glob("*.h"))],  # what they may include
             compiler,
             os.path.realpath(compiler[0]),
             flags,
@@ -173,24 +189,13 @@ def _load_extension(stem: str, source_name: str, libraries: tuple[str, ...]):
     if not target.exists():
 
         def build(out: Path) -> None:
-            command = [
-                *compiler,
-                *flags,
-                f"-DMODULE_NAME={name}",
-                str(path),
-                "-o",
-                str(out),
-                *(f"-l{lib}" for lib in libraries),
-            ]
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise Unavailable(f"the C compiler {shlex.join(compiler)!r} did not run: {exc}") from None
-            if done.returncode:
-                raise Unavailable(
-                    f"{shlex.join(compiler)} failed on {source_name} (exit {done.returncode}): "
-                    f"{_first_lines(done.stderr) or '(no message)'}"
-                )
+            objects = []
+            for source_name in source_names:  # beside ``out``, in its temporary directory
+                objects.append(str(out.parent / f"{Path(source_name).stem}.o"))
+                command = [*compiler, *flags, f"-DMODULE_NAME={name}", "-c", str(CSRC / source_name), "-o", objects[-1]]
+                _run_compiler(compiler, command, source_name)
+            link = [*compiler, "-shared", *objects, "-o", str(out), *(f"-l{lib}" for lib in libraries)]
+            _run_compiler(compiler, link, f"the link of {', '.join(source_names)}")
 
         try:
             _write_atomically(target, build)

@@ -1,8 +1,10 @@
 """Optional compiled helpers: the host plan in C, and a whole build's host side in one C call.
 
-One small CPython extension, ``chunkmeta/csrc/host_build.c``, compiled on first use by
-``chunkmeta.jit`` with the machine's C compiler (the one Triton needs anyway for its launchers)
-and cached in ``$CHUNKMETA_CACHE_DIR`` (default ``~/.cache/chunkmeta``). Its jobs:
+One small CPython extension, ``chunkmeta/csrc/host_build.c`` and its parts (``SOURCES``: the
+plan, the one-table build, the step build, the result objects; ``host_build.h`` says what they
+share), compiled on first use by ``chunkmeta.jit`` with the machine's C compiler (the one Triton
+needs anyway for its launchers) and cached in ``$CHUNKMETA_CACHE_DIR`` (default
+``~/.cache/chunkmeta``). Its jobs:
 
 * ``plan(address, n, is64, shift)``: one pass over a prefill slice of the host
   ``query_start_loc`` -> ``(bad_index, num_chunks, max_seqlen)``; ``bad_index`` is 0, or the
@@ -52,6 +54,8 @@ from chunkmeta.metadata import ChunkMetadata
 _NOT_LOADED = object()
 _module = _NOT_LOADED
 SWITCH = "CHUNKMETA_NATIVE"
+# the extension's sources in chunkmeta/csrc, the module's first
+SOURCES = ("host_build.c", "host_plan.c", "host_launch.c", "host_step.c", "host_results.c")
 
 
 def module():
@@ -63,7 +67,7 @@ def module():
     _module = None
     loaded = jit.extension(
         "chunkmeta_native",
-        "host_build.c",
+        SOURCES,
         switch=SWITCH,
         libraries=("dl",),
         what="the compiled host build is off (plans use numpy, CUDA builds launch through Triton)",

@@ -1,7 +1,7 @@
 /* What the step fill's two ports share: the entry kinds, and where a sequence's chunks lie in an
    entry's chunk grid. Included by step_fill.cu (the CUDA kernel; NVRTC gets this as an in-memory
-   header, chunkmeta.fill.cuda_fill) and by host_build.c (the step build's row counts and the serial
-   CPU fill), and so by the host harness that runs step_fill.cu on the CPU
+   header, chunkmeta.fill.cuda_fill) and by the host build (host_plan.c: the step build's row counts;
+   host_step.c: its serial CPU fill), and so by the host harness that runs step_fill.cu on the CPU
    (tests/support/step_host.cpp). chunkmeta.fill.step_fill states the same in Triton.
    Integer arithmetic only: no includes. */
 #ifndef CHUNKMETA_STEP_CHUNKS_H

@@ -1,9 +1,10 @@
 """chunkmeta.jit on the host: compile on first use, cache by source hash, say why when it cannot.
 
-The C compiler side runs for real (the host build, ``chunkmeta/csrc/host_build.c``), with fake
-compilers (small shell scripts) for the failures. NVRTC is not in the CPU venv, so its side runs
-against a fake NVRTC that answers through the same ctypes calls; the real one compiles the kernel
-in tests/kernels/test_kernel_compiles.py where it is installed.
+The C compiler side runs for real (the host build, ``chunkmeta/csrc/host_build.c`` and its parts,
+``chunkmeta.native.SOURCES``), with fake compilers (small shell scripts) for the failures. NVRTC
+is not in the CPU venv, so its side runs against a fake NVRTC that answers through the same ctypes
+calls; the real one compiles the kernel in tests/kernels/test_kernel_compiles.py where it is
+installed.
 """
 
 import ctypes
@@ -72,7 +73,7 @@ def test_a_missing_compiler_warns_once_per_process(monkeypatch, caplog):
 
 def test_no_compiler_on_path(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
     (message,) = warnings_of(caplog)
     assert "CC is unset and none of cc, gcc, clang is on PATH" in message
 
@@ -86,17 +87,44 @@ def test_a_failing_compiler_reports_the_first_lines_of_its_stderr(monkeypatch, t
     """,
     )
     monkeypatch.setenv("CC", str(cc))
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
     (message,) = warnings_of(caplog)
     assert f"{cc} failed on host_build.c (exit 3)" in message
     assert "host_build.c:1: error: number 1" in message and "number 6" in message and "number 7" not in message
     assert built(tmp_path / "cache") == []  # nothing left behind, not even the temporary directory
 
 
+@pytest.mark.parametrize(
+    "fail_when, stderr, named",
+    [
+        ("host_step.c", "host_step.c:7: error: broken", "host_step.c"),
+        ("-shared", "ld: undefined reference to int_args", "the link of " + ", ".join(native.SOURCES)),
+    ],
+)
+def test_the_failing_compile_or_link_is_named(monkeypatch, tmp_path, caplog, fail_when, stderr, named):
+    """Each source compiles alone, then the objects link: the message names the step that failed
+    (one part, not the module's file; or the link). The fake compiler fails on a command line
+    containing ``fail_when`` and makes an empty file at the ``-o`` path of any other."""
+    cc = script(
+        tmp_path / "cc",
+        f"""\
+        out=""; prev=""
+        for arg in "$@"; do [ "$prev" = "-o" ] && out="$arg"; prev="$arg"; done
+        case "$*" in *{fail_when}*) echo "{stderr}" >&2; exit 1;; esac
+        touch "$out"
+    """,
+    )
+    monkeypatch.setenv("CC", str(cc))
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
+    (message,) = warnings_of(caplog)
+    assert f"{cc} failed on {named} (exit 1): {stderr}" in message
+    assert built(tmp_path / "cache") == []
+
+
 def test_no_python_headers(monkeypatch, tmp_path, caplog):
     needs_gcc()
     monkeypatch.setattr(jit.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
     (message,) = warnings_of(caplog)
     assert f"no Python headers: {tmp_path}/Python.h is missing" in message
 
@@ -105,7 +133,7 @@ def test_an_unwritable_cache_directory(monkeypatch, tmp_path, caplog):
     needs_gcc()
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("CHUNKMETA_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
     (message,) = warnings_of(caplog)
     assert "cannot write the compiled extension" in message and "CHUNKMETA_CACHE_DIR" in message
 
@@ -113,7 +141,7 @@ def test_an_unwritable_cache_directory(monkeypatch, tmp_path, caplog):
 def test_a_package_installed_without_its_sources(monkeypatch, tmp_path, caplog):
     needs_gcc()
     monkeypatch.setattr(jit, "CSRC", tmp_path / "csrc")
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is None
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is None
     (message,) = warnings_of(caplog)
     assert f"cannot read chunkmeta's source {tmp_path}/csrc/host_build.c" in message
 
@@ -136,29 +164,45 @@ def test_a_cache_hit_compiles_nothing(monkeypatch, tmp_path, caplog):
     calls = tmp_path / "calls"
     monkeypatch.setenv("CC", str(script(tmp_path / "cc", f'echo run >> {calls}\nexec {gcc} "$@"\n')))
     assert native.module() is not None and native.module().plan is not None
-    assert calls.read_text().count("run") == 1
+    runs = len(native.SOURCES) + 1  # a compile per source, then the link
+    assert calls.read_text().count("run") == runs
     (extension,) = built(tmp_path / "cache")
     assert extension.startswith("chunkmeta_native_")
     load = "from chunkmeta import native; assert native.module() is not None"
     subprocess.run([sys.executable, "-c", load], check=True, env=os.environ.copy(), timeout=120)
-    assert calls.read_text().count("run") == 1
+    assert calls.read_text().count("run") == runs
     assert built(tmp_path / "cache") == [extension] and warnings_of(caplog) == []
 
 
-def test_a_changed_header_builds_again(monkeypatch, tmp_path):
-    """The extension's cache key covers the headers its source includes (step_chunks.h, which
-    the CUDA step fill shares): an edit there is a new build, never a stale one."""
+def test_a_changed_header_or_part_builds_again(monkeypatch, tmp_path):
+    """The extension's cache key covers the headers its sources include (step_chunks.h, which
+    the CUDA step fill shares) and every source, not only the module's: an edit there is a new
+    build, never a stale one."""
     needs_gcc()
     csrc = tmp_path / "csrc"
     shutil.copytree(jit.CSRC, csrc)
     monkeypatch.setattr(jit, "CSRC", csrc)
     assert native.module() is not None
     (first,) = built(tmp_path / "cache")
-    with open(csrc / "step_chunks.h", "a") as header:
-        header.write("/* edited */\n")
-    monkeypatch.setattr(native, "_module", native._NOT_LOADED)
-    assert native.module() is not None
-    assert len(built(tmp_path / "cache")) == 2 and first in built(tmp_path / "cache")
+    for edited in ("step_chunks.h", native.SOURCES[-1]):
+        with open(csrc / edited, "a") as text:
+            text.write("/* edited */\n")
+        monkeypatch.setattr(native, "_module", native._NOT_LOADED)
+        assert native.module() is not None
+    assert len(built(tmp_path / "cache")) == 3 and first in built(tmp_path / "cache")
+
+
+def test_only_the_module_init_is_exported(tmp_path):
+    """The sources share functions across files, compiled hidden: the extension exports PyInit_
+    alone, so a library loaded before it with a symbol of the same name (int_args, launch_kernel)
+    cannot take its calls."""
+    needs_gcc()
+    loaded = native.module()
+    assert loaded is not None
+    library = ctypes.CDLL(loaded.__file__)
+    assert getattr(library, f"PyInit_{loaded.__name__}") is not None
+    for name in ("int_args", "plan_any", "launch_kernel", "new_object", "plain_tensor", "py_step"):
+        assert not hasattr(library, name), name
 
 
 def test_a_compiler_command_with_words(monkeypatch, tmp_path):
@@ -168,10 +212,10 @@ def test_a_compiler_command_with_words(monkeypatch, tmp_path):
     calls = tmp_path / "calls"
     launcher = script(tmp_path / "fake ccache", f'echo "$1" >> {calls}\nexec "$@"\n')  # a space in its path
     monkeypatch.setenv("CC", f"'{launcher}' gcc")
-    assert jit.extension("chunkmeta_native", "host_build.c", **NATIVE) is not None
-    assert calls.read_text().split() == ["gcc"]
+    assert jit.extension("chunkmeta_native", native.SOURCES, **NATIVE) is not None
+    assert calls.read_text().split() == ["gcc"] * (len(native.SOURCES) + 1)
     monkeypatch.setenv("CC", "gcc -std=gnu11")
-    loaded = jit.extension("chunkmeta_native", "host_build.c", **NATIVE)
+    loaded = jit.extension("chunkmeta_native", native.SOURCES, **NATIVE)
     assert loaded is not None and loaded.plan is not None
     assert len(built(tmp_path / "cache")) == 2
 

@@ -115,7 +115,7 @@ def rocm_style(chunk_size: int):
 
 
 @triton.jit
-def empty_kernel(x):  # also kernel_sweep.py's launch floor
+def empty_kernel(x):  # also bench/launch_floor.py's
     pass
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chunkmeta import StepTablesBuilder, arena, build_chunk_metadata, plan
-from chunkmeta import builder as builder_module
+from chunkmeta import StepTablesBuilder, arena, build_chunk_metadata
+from chunkmeta import one_shot as one_shot_module
 from chunkmeta import tables as T
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -94,9 +94,9 @@ def main(argv: list[str]) -> int:
     builder.build(qsl, qsl_cpu, first_seq=32)
     build_chunk_metadata(prefill, prefill_cpu)
     torch.cuda.synchronize()
-    fill = builder._fills[False]
+    fill = builder._fills[(False, False)]
     print("step fill fast launchers:", list(fill._launchers))
-    oneshot = next(iter(builder_module._ONE_SHOT_FILLS.values()))
+    oneshot = next(iter(one_shot_module._FILLS.values()))
     print("one-shot fast launchers:", list(oneshot._launchers))
     ints = (32, 32, 64, 300, 300, 2000, 0, 0, 0)
     dtypes = (torch.int32, torch.int32, torch.int32)
@@ -135,10 +135,9 @@ def main(argv: list[str]) -> int:
         q, q_cpu, c, c_cpu = views[next(turn) & 63]
         mamba2.build(q, q_cpu, first_seq=32, num_computed_tokens=c, num_computed_tokens_cpu=c_cpu)
 
-    module = builder._native
     n, nt = 32, 300
-    cu_cpu = torch.empty(n + 1, dtype=torch.int32)
-    one_shot_arena = arena.arena(0, stream, torch.int32)
+    one_shot_arena = arena.arena(0, stream)
+    layout = T.one_shot_layout(64, 32, torch.int32)
     figures = {
         "step build": per_call_us(lambda: builder.build(qsl, qsl_cpu, first_seq=32)),
         "step: native.step (the whole C build)": per_call_us(lambda: builder._native.step(builder._c_step, *step_args)),
@@ -150,12 +149,13 @@ def main(argv: list[str]) -> int:
         "a tensor view (what an engine makes per input per step)": per_call_us(lambda: qsl[:]),
         "step launch alone (Triton fast launcher)": per_call_us(lambda: fill.launch(dtypes, pointers, ints)),
         "one-shot build": per_call_us(lambda: build_chunk_metadata(prefill, prefill_cpu)),
-        "one-shot: its outputs (4 views from chunkmeta.arena)": per_call_us(lambda: one_shot_arena.take(n, nt)),
-        "one-shot: its outputs if allocated (1 allocation, split, views; host torch.empty)": per_call_us(
-            lambda: builder_module._one_shot_tensors(n, nt, torch.int32, qsl.device, zeroed=False)
+        "one-shot: its outputs (4 views from chunkmeta.arena)": per_call_us(
+            lambda: one_shot_arena.take(n, nt, layout.offsets_at, layout.indices_at, False)
         ),
-        "one-shot: oneshot_plan": per_call_us(
-            lambda: module.oneshot_plan(*plan.plain_host_tensor(prefill_cpu), 0, None, 6, cu_cpu.data_ptr(), n + 1)
+        "one-shot: its outputs if allocated (a block of their size, views)": per_call_us(
+            lambda: arena.Arena(0, block_bytes=0, host_entries=0).take(
+                n, nt, layout.offsets_at, layout.indices_at, False
+            )
         ),
         "torch.empty (cuda)": per_call_us(lambda: torch.empty(1000, dtype=torch.int64, device="cuda")),
         "empty Python call": per_call_us(lambda: None),

@@ -30,9 +30,8 @@ import anchors
 import results as runs  # bench/results.py: the record format
 
 import chunkmeta
-from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, plan, reference
+from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference
 from chunkmeta.fill import cuda_fill
-from chunkmeta.fill.triton_fill import TritonFill
 from chunkmeta.integrations import kda
 from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile
 from chunkmeta.workloads import workload
@@ -167,37 +166,25 @@ def engine_steps(case: Case, count: int) -> list[tuple[torch.Tensor, torch.Tenso
 
 
 def triton_launcher(builder: ChunkMetadataBuilder, query_start_loc: torch.Tensor, num_seqs: int, num_chunks: int):
-    """A call of Triton's own launcher alone on the builder's exact-layout kernel (a TritonFill made
-    as the builder makes it), writing ring slot 0; None without a direct launcher (then launch()
+    """A call of Triton's own launcher alone on the builder's exact-layout step kernel (the one its
+    first build compiled), writing ring slot 0; None without a direct launcher (then launch()
     launches nothing: timing it would read ~0 µs)."""
-    fill = TritonFill(
-        chunk_size=builder.chunk_size, block_seqs=builder.capacity.seqs, padded=False, params_on_device=False
-    )
-    params = torch.zeros(2, dtype=torch.int32, device=builder.device)  # read only by graph-mode fills
-    cu, indices, offsets, _ = builder.ring.views(0, num_seqs, num_chunks)
-    fill(query_start_loc, params, cu, indices, offsets, 0, num_seqs, num_chunks, num_seqs)  # compiles it
-    cu_ptr, indices_ptr, offsets_ptr, _ = builder.ring.pointers(0)
-    args = (
-        query_start_loc.dtype,
-        query_start_loc.data_ptr(),
-        params.data_ptr(),
-        cu_ptr,
-        indices_ptr,
-        offsets_ptr,
-        0,
-        num_seqs,
-        num_chunks,
-        num_seqs,
-        0,
-    )
+    steps = builder.step_builder()
+    fill = steps._fills.get((False, False))
+    if fill is None:
+        return None
+    qsl = query_start_loc.data_ptr()
+    dtypes = (query_start_loc.dtype, torch.int32, torch.int32)
+    dummy = steps._dummy.data_ptr()
+    args = (dtypes, (qsl, dummy, dummy, steps.ring.pointer(0), qsl), (0, num_seqs, 0, num_chunks, 0, 0, 0, 0, 0))
     return (lambda: fill.launch(*args)) if fill.launch(*args) else None
 
 
 def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
-    """Where chunkmeta's build host time goes (medians of per-call times, µs), each part timed
-    through public APIs: the build, the C build alone (``builder.c_build``, the call ``build()``
-    makes once a layout's kernel is known), Triton's own launcher on the same kernel, the host
-    plan (``builder.plan``), the ``ChunkMetadata`` constructor and an empty call."""
+    """Where chunkmeta's build host time goes (medians of per-call times, µs): the build, the C
+    step build alone (``native.step``, the one call ``build()`` makes once a layout's kernel is
+    known), Triton's own launcher on the same kernel, the host plan (``builder.plan``), the
+    ``ChunkMetadata`` constructor and an empty call."""
     b = case.builder
     b.build(case.qsl, case.qsl_cpu)  # the C build's constants exist after a first build
     steps = engine_steps(case, reps + 101)  # no batch is seen twice
@@ -205,17 +192,20 @@ def host_breakdown(case: Case, reps: int = 2000) -> dict[str, float]:
     n = case.ref.num_seqs
     nt = case.ref.num_chunks
     host = case.qsl_cpu.numpy()
-    host_address = plan.host_address(host)
-    c_build = b.c_build if b.c_build is not None and b.c_build.has_layout(None, case.qsl.dtype) else None
-    cu, indices, offsets, _ = b.ring.views(0, n, nt)
+    steps_builder = b.step_builder()
+    c_step = steps_builder._c_step if b.native_kernel.get((None, case.qsl.dtype)) in ("cuda", "triton") else None
+    built = b.build(case.qsl, case.qsl_cpu)
+    cu, indices, offsets = built.cu_seqlens, built.chunk_indices, built.chunk_offsets
     parts = {
         "build": lambda: b.build(case.qsl, case.qsl_cpu),
         "build, fresh views": lambda: b.build(case.qsl[:], case.qsl_cpu[:]),
         "build, engine pattern (new N-sequence batch each call, as fresh views)": (
             lambda: b.build(*steps[next(turn) % len(steps)])
         ),
-        "C build via builder.c_build (plan + ChunkMetadata + launch + host copy + ring slot)": (
-            (lambda: c_build.build(None, case.qsl, host_address, n + 1, False, 0, None)) if c_build else None
+        "C step build via native.step (checks + plan + launch + host copy + ChunkMetadata + ring slot)": (
+            (lambda: steps_builder._native.step(c_step, case.qsl, case.qsl_cpu, 0, None, None, None, None, None, False))
+            if c_step
+            else None
         ),
         "Triton launcher alone": triton_launcher(b, case.qsl, n, nt),
         "host plan via builder.plan": lambda: b.plan(host),

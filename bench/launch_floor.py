@@ -14,13 +14,18 @@ import sys
 
 import results as runs  # bench/results.py: the record format
 import torch
+from anchors import empty_kernel
 from gpu_compare import WORKLOADS, Case
-from kernel_sweep import empty_launch_us
+
+from chunkmeta.timing import device_us_per_call
 
 
 def empty_us() -> float:
-    """The empty launch timed as gpu_compare times its floor: 100 calls behind a 5 ms lead."""
-    return empty_launch_us(calls=100, lead_us=5000.0)
+    """The empty launch timed as gpu_compare times its floor: 100 calls behind a 5 ms lead,
+    median of 5."""
+    x = torch.empty(1, device="cuda")
+    empty_kernel[(1,)](x)
+    return device_us_per_call(lambda: empty_kernel[(1,)](x), calls=100, lead_us=5000.0, repeats=5)
 
 
 def mib(n_bytes: int) -> int:

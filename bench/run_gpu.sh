@@ -1,8 +1,8 @@
 # Run the GPU stages on a CUDA machine.
-#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo sweep stepsweep diagnostics vllm
+#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo stepsweep diagnostics vllm
 #   (TESTS_K=expr: pytest -k for tests; TESTS_TIMEOUT_S: stop the tests stage's pytest after that
 #   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS
-#   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, SWEEP_ARGS, STEPSWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
+#   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, STEPSWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
 # directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
 # logs.tar.gz (the logs, the benchmark JSON, the plot), since a lent GPU machine returns only a
@@ -72,13 +72,11 @@ for stage in "$@"; do
     demo) python3 -m chunkmeta 2>&1 | tee "$WORK/demo.log" | tail -8
       rc=${PIPESTATUS[0]}
       record demo "$WORK/demo.log" "bash bench/run_gpu.sh demo" ;;
-    sweep) python3 bench/kernel_sweep.py --out "$WORK" ${SWEEP_ARGS:-} 2>&1 | tee "$WORK/kernel_sweep.log"
-      rc=${PIPESTATUS[0]} ;;
     stepsweep) python3 bench/step_fill_sweep.py --out "$WORK" ${STEPSWEEP_ARGS:-} 2>&1 | tee "$WORK/step_fill_sweep.log"
       rc=${PIPESTATUS[0]} ;;
     diagnostics)  # the launch floor's drift: each in a fresh process (graph_floor needs one)
       rc=0
-      for script in launch_floor graph_floor launch_paths; do
+      for script in launch_floor graph_floor; do
         python3 "bench/$script.py" --out "$WORK" 2>&1 | tee "$WORK/$script.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done ;;

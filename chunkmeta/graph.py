@@ -5,12 +5,13 @@ changes per step must live in device memory at fixed addresses:
 
 * the engine's static ``query_start_loc`` buffer (engines already update it in place before
   each replay);
-* ``params`` = ``(first_seq, num_seqs)``, int32 on the device, refreshed by ``prepare()`` with
-  one 8-byte non-blocking copy from pinned host memory. The host values go through a ring of
+* ``params`` = ``(first_seq, num_seqs, batch_seqs)``, int32 on the device, refreshed by
+  ``prepare()`` with one 12-byte non-blocking copy from pinned host memory. The host values go through a ring of
   1024 staging slots, so a copy still queued behind the GPU never sees its source overwritten;
   a CUDA event recorded once per 32 steps tells when a block of slots is free again (the host
   waits only if it runs more than 1024 steps ahead of the GPU);
-* the outputs: capacity-shaped padded tensors owned by the ``GraphBuild``, written in place.
+* the outputs: capacity-shaped padded tables in an arena owned by the graph build, written in
+  place.
 
 The split matches engines' graph runners: ``launch()`` is the in-graph part (capture it, or call
 it eagerly), ``prepare()`` the out-of-graph part (host validation, host counts, the params copy),
@@ -29,8 +30,8 @@ import torch
 
 from chunkmeta import layout as _layout
 from chunkmeta import plan as _plan
-from chunkmeta.builder import ChunkMetadataBuilder, resolve_backend
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.fill import resolve_backend
 from chunkmeta.metadata import ChunkMetadata, StepTables
 from chunkmeta.step_builder import StepFacts
 
@@ -123,136 +124,6 @@ class _StaticGraph:
         )
 
 
-class GraphBuild(_StaticGraph):
-    """Graph-capturable chunk metadata for one static ``query_start_loc`` buffer.
-
-    Sized by ``builder`` (capacity, chunk size, device); owns its own static buffers (never the
-    builder's ring, whose slots move). Metadata from ``prepare()`` is live until the next
-    ``prepare()``: the next replay rewrites the same tensors.
-    """
-
-    def __init__(
-        self,
-        builder: ChunkMetadataBuilder,
-        query_start_loc: torch.Tensor,
-        *,
-        pad: str = "tail",
-        staging_depth: int = 1024,
-    ):
-        _layout.check_pad(pad, _layout.PADS, builder.capacity.tokens, builder.chunk_size)
-        if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
-            raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
-        _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
-        try:  # the kernel reads its params on the device: the Triton kernel only
-            resolve_backend("triton", builder.device)
-        except ChunkMetaError as exc:
-            raise ChunkMetaError(f"GraphBuild needs the Triton kernel: {exc}") from None
-        from chunkmeta.fill.triton_fill import TritonFill
-
-        device = builder.device
-        cap = builder.capacity
-        self.builder = builder
-        self.pad = pad
-        self.query_start_loc = query_start_loc
-        self.chunk_size = builder.chunk_size
-        shape = _layout.padded(pad, cap.seqs, cap.rows)
-        self.padded_num_seqs = shape.seqs_out
-        self.num_rows = shape.rows_out
-        self._pad_seq = shape.pad_seq
-        with torch.inference_mode():  # inference tensors, as every table (chunkmeta.ring.TABLE_MEMORY)
-            self._cu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32, device=device)
-            self._offsets = torch.zeros(self.padded_num_seqs + 1, dtype=builder.ring.chunk_offsets.dtype, device=device)
-            self._indices = torch.zeros(cap.rows, 2, dtype=torch.int32, device=device)
-            self._cu_cpu = torch.zeros(self.padded_num_seqs + 1, dtype=torch.int32)
-        self._cu_cpu_np = self._cu_cpu.numpy()
-        self._staged = ParamsStaging(2, device, staging_depth)
-        self._params = self._staged.params
-        self._fill = TritonFill(
-            chunk_size=builder.chunk_size,
-            block_seqs=cap.seqs,
-            padded=True,
-            params_on_device=True,
-            pad_chunk=shape.pad_chunk,
-        )
-        self._graph = None
-        self._generation = 0
-        self._retired_through = -1
-        self._metadata = self._metadata_for(0, 0, 0, 0)
-
-    @property
-    def metadata(self) -> ChunkMetadata:
-        """The static padded tensors with the host ints of the last prepared step."""
-        return self._metadata
-
-    def launch(self) -> ChunkMetadata:
-        """Queue the fill on the current stream: the part to capture (or to run eagerly)."""
-        self._fill(
-            self.query_start_loc,
-            self._params,
-            self._cu,
-            self._indices,
-            self._offsets,
-            0,
-            0,
-            self.num_rows,
-            self.padded_num_seqs,
-            self._pad_seq,
-        )
-        return self._metadata
-
-    def prepare(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
-        """Host side of a step: validate, take the host counts, stage ``(first_seq, num_seqs)``.
-
-        The host copy describes the same values the engine has put (or is putting, on this
-        stream) into the static ``query_start_loc`` buffer; its length may be shorter than the
-        buffer's.
-        """
-        host = _plan.host_array(query_start_loc_cpu)
-        if host.shape[0] > self.query_start_loc.shape[0]:
-            raise ChunkMetaError(
-                f"query_start_loc_cpu has {host.shape[0]} entries but the static query_start_loc buffer "
-                f"holds {self.query_start_loc.shape[0]}: size the buffer for the engine's largest batch."
-            )
-        step = _plan.plan_step(
-            host, first_seq, num_seqs, self.chunk_size, self.builder.capacity, _plan.host_address(host)
-        )
-        # validated: from here on nothing fails on bad input
-        self._staged.stage(self._generation, (step.first_seq, step.num_seqs))
-        _plan.write_host_cu_seqlens(step, self._cu_cpu_np)
-        self._generation += 1
-        self._metadata = self._metadata_for(step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
-        return self._metadata
-
-    @property
-    def staging_waits(self) -> int:
-        """Times prepare() had to wait for a staging slot (the host > staging_depth steps ahead)."""
-        return self._staged.waits
-
-    def replay(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
-        """``prepare()`` then replay the graph from ``capture()``."""
-        self._check_captured()
-        metadata = self.prepare(query_start_loc_cpu, first_seq=first_seq, num_seqs=num_seqs)
-        self._graph.replay()
-        return metadata
-
-    def _metadata_for(self, num_seqs, num_tokens, num_chunks, max_seqlen) -> ChunkMetadata:
-        return ChunkMetadata(
-            self._cu,
-            self._cu_cpu,
-            self._indices,
-            self._offsets,
-            self.chunk_size,
-            num_seqs,
-            num_tokens,
-            num_chunks,
-            max_seqlen,
-            self.pad,
-            self._generation,
-            self,
-            0,
-        )
-
-
 class StepGraphBuild(_StaticGraph):
     """Graph-capturable step tables (``chunkmeta.StepTablesBuilder``) for an engine's static buffers.
 
@@ -301,7 +172,7 @@ class StepGraphBuild(_StaticGraph):
             raise ChunkMetaError(f"StepGraphBuild needs the Triton kernel: {exc}") from None
         from chunkmeta.fill.step_fill import MAX_ENTRIES, StepFill
 
-        self.builder = builder
+        self.builder = self._steps = builder
         self.query_start_loc = query_start_loc
         layout = builder.layout
         self._computed = num_computed_tokens if builder.needs_computed else builder._dummy
@@ -355,7 +226,7 @@ class StepGraphBuild(_StaticGraph):
         checkpoint_offsets_cpu=None,
     ) -> StepTables:
         """Host side of a step: every check, the host counts and copies, the params copy."""
-        builder = self.builder
+        builder = self._steps
         planned = self._plan_c(
             query_start_loc_cpu, first_seq, num_seqs, num_computed_tokens_cpu, checkpoint_offsets_cpu
         )
@@ -384,7 +255,7 @@ class StepGraphBuild(_StaticGraph):
         precise error, or plans)."""
         if self._c_plan is None:
             return None
-        builder = self.builder
+        builder = self._steps
         out = builder._native.step_host(
             self._c_plan,
             builder._wants,
@@ -403,3 +274,44 @@ class StepGraphBuild(_StaticGraph):
         tables = self.prepare(query_start_loc_cpu, **step)
         self._graph.replay()
         return tables
+
+
+class GraphBuild(StepGraphBuild):
+    """Graph-capturable chunk metadata for one static ``query_start_loc`` buffer: the
+    ``StepGraphBuild`` of ``builder``'s step builder for ``pad`` (``ChunkMetadataBuilder``'s
+    tables are one ``Fla`` table), handing out its ``ChunkMetadata``.
+
+    Sized by ``builder`` (capacity, chunk size, device); owns its own static buffers (never the
+    builder's ring, whose slots move). Metadata from ``prepare()`` is live until the next
+    ``prepare()``: the next replay rewrites the same tensors.
+    """
+
+    def __init__(self, builder, query_start_loc: torch.Tensor, *, pad: str = "tail", staging_depth: int = 1024):
+        _layout.check_pad(pad, _layout.PADS, builder.capacity.tokens, builder.chunk_size)
+        if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
+            raise ChunkMetaError("query_start_loc must be the engine's static 1-D device buffer.")
+        _plan.check_device_tensor(query_start_loc, query_start_loc.shape[0], builder.device)
+        try:  # the kernel reads its params on the device: the Triton kernel only
+            resolve_backend("triton", builder.device)
+        except ChunkMetaError as exc:
+            raise ChunkMetaError(f"GraphBuild needs the Triton kernel: {exc}") from None
+        super().__init__(builder.step_builder(pad), query_start_loc, staging_depth=staging_depth)
+        self.builder = builder
+        self.pad = pad
+        self.chunk_size = builder.chunk_size
+        self.padded_num_seqs = _layout.padded_num_seqs(pad, builder.capacity.seqs)
+        self.num_rows = builder.capacity.rows
+
+    @property
+    def metadata(self) -> ChunkMetadata:
+        """The static padded tensors with the host ints of the last prepared step."""
+        return self.tables
+
+    def prepare(self, query_start_loc_cpu, *, first_seq: int = 0, num_seqs: int | None = None) -> ChunkMetadata:
+        """Host side of a step: validate, take the host counts, stage ``(first_seq, num_seqs)``.
+
+        The host copy describes the same values the engine has put (or is putting, on this
+        stream) into the static ``query_start_loc`` buffer; its length may be shorter than the
+        buffer's.
+        """
+        return super().prepare(query_start_loc_cpu, first_seq=first_seq, num_seqs=num_seqs)

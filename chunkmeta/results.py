@@ -47,10 +47,13 @@ ALWAYS = -1
 _NUM_SEQS, _NUM_TOKENS, _MAX_SEQLEN, _BATCH_SEQS, _BATCH_TOKENS, _BATCH_MAX, _PREP, _ANY_CHECKPOINT = range(1, 9)
 
 
-def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_pad: int, pad: str, seqs: int):
+def step_recipe(
+    specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_pad: int, pad: str, seqs: int, single=False
+):
     """The recipe of a step builder's results (``specs`` and ``layout`` its own; ``padded``: the
     capacity-shaped layout, FLA tables with ``fla_seqs_pad`` sequences and ``pad`` rows, the
-    other per-sequence tables with ``seqs``, the builder's capacity)."""
+    other per-sequence tables with ``seqs``, the builder's capacity). ``single``: the one
+    table's object is the top one (no outputs, no ``StepTables``)."""
 
     def count(index, add=0, fixed=None):  # a count from the plan's entry counts, or fixed when padded
         return (FIXED, 0, fixed + add) if padded else (COUNTS, index, add)
@@ -139,6 +142,9 @@ def step_recipe(specs: dict, layout: _tables.SlotLayout, padded: bool, fla_seqs_
                 ],
             )
         outputs.append((name, cls, _check_fields(cls, fields)))
+    if single:
+        ((_, cls, fields),) = outputs
+        return (), (cls, fields)
     top_fields = [
         (TABLES,),
         (CONST, padded),

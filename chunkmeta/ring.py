@@ -1,14 +1,8 @@
 """The ring: a builder's persistent buffers, which slot a build writes, and which results are live.
 
-Buffers (allocated once, on the builder's device, in ``depth`` slots):
-
-* ``cu_seqlens``  int32 ``[depth, max_num_seqs + 2]``
-* ``chunk_offsets`` int64 (int32 with ``offsets_dtype``) ``[depth, max_num_seqs + 2]``
-* ``chunk_indices`` int32 ``[depth, cdiv(max_num_tokens, C) + max_num_seqs, 2]``
-* ``cu_seqlens_cpu`` int32 ``[depth, max_num_seqs + 2]`` on the host
-
-(``+ 2``: the ``"tail"`` layout reserves one zero-length tail sequence for its padding rows;
-each slot is rounded up to a 16-byte multiple.)
+A step builder's tables (``chunkmeta.tables.slot_layout``) live in ``depth`` slots: one byte
+arena per slot on the builder's device, every table at a fixed offset, and per slot a host int32
+``cu_seqlens_cpu`` buffer for each FLA table (``TableRing``).
 
 The ring rule: build ``k`` (its generation) writes slot ``k % depth`` and returns views of it.
 The object returned by build ``k`` keeps its values through builds ``k+1 .. k+depth-1``; build
@@ -25,7 +19,6 @@ import contextlib
 
 import torch
 
-from chunkmeta.plan import Capacity
 from chunkmeta.results import PAIRS, ROW
 
 VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
@@ -102,70 +95,6 @@ class SlotLedger:
             f"{self._slot_generation[slot]} (ring_depth={self.depth}). Use the current step's "
             "metadata, or raise ring_depth if the host must hold more steps."
         )
-
-
-class Ring(SlotLedger):
-    """``depth`` slots of the four tables, their generations, and the views handed out.
-
-    The ``Lease`` of every ``ChunkMetadata`` a builder returns (``chunkmeta.metadata.Lease``).
-    """
-
-    def __init__(self, depth: int, capacity: Capacity, device: torch.device, offsets_dtype: torch.dtype = torch.int64):
-        super().__init__(depth)
-        self.capacity = capacity
-        seqs = capacity.seqs + 2
-        # Entry 0 of cu_seqlens and chunk_offsets is 0 in every slot and never written again.
-        # Slot strides are rounded up to 16 bytes: every slot starts as aligned as the first,
-        # which a compiled kernel (specialized on its first launch's pointers) relies on.
-        with torch.inference_mode():  # inference tensors: cheap views (TABLE_MEMORY)
-            self.cu_seqlens = torch.zeros(depth, _round_up(seqs, 4), dtype=torch.int32, device=device)
-            self.chunk_offsets = torch.zeros(
-                depth, _round_up(seqs, 16 // offsets_dtype.itemsize), dtype=offsets_dtype, device=device
-            )
-            self.chunk_indices = torch.zeros(depth, _round_up(capacity.rows, 2), 2, dtype=torch.int32, device=device)
-            self.cu_seqlens_cpu = torch.zeros(depth, seqs, dtype=torch.int32)
-        self.cu_seqlens_cpu_np = self.cu_seqlens_cpu.numpy()
-        self._slots = [
-            (self.cu_seqlens[k], self.chunk_indices[k], self.chunk_offsets[k], self.cu_seqlens_cpu[k])
-            for k in range(depth)
-        ]
-        self._pointers = [tuple(t.data_ptr() for t in slot) for slot in self._slots]
-        # Output views, cached by sequence count and by row count (a view costs a microsecond
-        # or more to make; steps repeat sequence counts far more often than row counts); each
-        # cache is cleared when it reaches VIEW_CACHE_LIMIT. The C build reads both dicts.
-        self.seq_views: dict[tuple, tuple] = {}  # (slot, seqs_out) -> (cu_seqlens, chunk_offsets, cu_seqlens_cpu)
-        self.row_views: dict[tuple, torch.Tensor] = {}  # (slot, rows_out) -> chunk_indices
-
-    def pointers(self, slot: int) -> tuple[int, int, int, int]:
-        """Addresses of slot ``slot``'s ``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)``."""
-        return self._pointers[slot]
-
-    # -- views ----------------------------------------------------------------------------
-
-    def views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """``(cu_seqlens, chunk_indices, chunk_offsets, cu_seqlens_cpu)`` of a slot, sized to one
-        build, with new ``cu_seqlens`` / ``cu_seqlens_cpu`` objects every call: FLA memoizes its
-        helpers (``prepare_lens``, ``prepare_chunk_indices``, ...) by argument identity, so a
-        reused object would get an earlier step's answer. (``.data`` of the cached view: a new
-        object over the same memory without the dispatcher, about half a ``detach()``.)"""
-        cu, indices, offsets, cu_cpu = self.cached_views(slot, seqs_out, rows_out)
-        return cu.data, indices, offsets, cu_cpu.data
-
-    def cached_views(self, slot: int, seqs_out: int, rows_out: int) -> tuple:
-        """The same four views from the two caches, made (one slice each) on a miss."""
-        cu, indices, offsets, cu_cpu = self._slots[slot]
-        seq_views = self.seq_views.get((slot, seqs_out))
-        if seq_views is None:
-            if len(self.seq_views) >= VIEW_CACHE_LIMIT:
-                self.seq_views.clear()
-            seq_views = (cu[: seqs_out + 1], offsets[: seqs_out + 1], cu_cpu[: seqs_out + 1])
-            self.seq_views[(slot, seqs_out)] = seq_views
-        rows = self.row_views.get((slot, rows_out))
-        if rows is None:
-            if len(self.row_views) >= VIEW_CACHE_LIMIT:
-                self.row_views.clear()
-            rows = self.row_views[(slot, rows_out)] = indices[:rows_out]
-        return seq_views[0], rows, seq_views[1], seq_views[2]
 
 
 class TableRing(SlotLedger):

@@ -21,8 +21,8 @@ from chunkmeta import native
 from chunkmeta import plan as _plan
 from chunkmeta import results as _results
 from chunkmeta import tables as _tables
-from chunkmeta.builder import resolve_backend, resolve_device
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.fill import resolve_backend, resolve_device
 from chunkmeta.fill.torch_fill import fill_entry_torch
 from chunkmeta.metadata import StepTables
 from chunkmeta.ring import SPOILED, TableRing
@@ -39,6 +39,12 @@ class StepTablesBuilder:
     ``SglangMamba2``), at most six kernel entries (``SglangMamba2`` counts two). ``pad``: the FLA
     tables' padding in ``build(padded=True)`` (``chunkmeta.layout``). Results stay valid for
     ``ring_depth - 1`` later builds.
+
+    ``single``: with one table, ``build`` returns that table's object itself (a ``ChunkMetadata``
+    for ``Fla``: what ``ChunkMetadataBuilder`` hands out) rather than a ``StepTables`` holding it.
+    ``share_ring_with``: a builder of the same tables, capacity, depth and device whose ring this
+    one writes too: one ledger, so the ring rule counts both builders' builds (``ChunkMetadataBuilder``'s
+    builders of each padding share one).
     """
 
     def __init__(
@@ -51,8 +57,15 @@ class StepTablesBuilder:
         backend: str = "auto",
         ring_depth: int = 4,
         pad: str = "tail",
+        single: bool = False,
+        share_ring_with: StepTablesBuilder | None = None,
     ):
         self.specs = _tables.check_specs(tables)
+        if type(single) is not bool or (single and len(self.specs) != 1):
+            raise ChunkMetaError(
+                f"single={single!r}: True only for a builder of one table (tables={tuple(self.specs)})."
+            )
+        self.single = single
         chunk_sizes = [spec.chunk_size for spec in self.specs.values() if hasattr(spec, "chunk_size")]
         self.capacity = _plan.capacity_for(max_num_seqs, max_num_tokens, min(chunk_sizes, default=64))
         if not isinstance(ring_depth, int) or isinstance(ring_depth, bool) or not 1 <= ring_depth <= 64:
@@ -70,20 +83,26 @@ class StepTablesBuilder:
                 f"holds ({_MAX_ENTRIES}); use two builders."
             )
         fla_names = [name for name, spec in self.specs.items() if isinstance(spec, _tables.Fla)]
-        # with a host copy of each FLA table's cu_seqlens per slot
-        self.ring = TableRing(
-            ring_depth, self.layout.regions, self.layout.slot_bytes, self.device, fla_names, max_num_seqs + 2
-        )
+        if share_ring_with is None:  # with a host copy of each FLA table's cu_seqlens per slot
+            self.ring = TableRing(
+                ring_depth, self.layout.regions, self.layout.slot_bytes, self.device, fla_names, max_num_seqs + 2
+            )
+        else:
+            self.ring = self._shared_ring(share_ring_with, ring_depth)
+        self._bounded_entries = _tables.bounded_entries(self.layout.entries)
         self.needs_computed = any(spec.needs_computed for spec in self.specs.values())
         self.needs_checkpoints = any(getattr(spec, "checkpoints", False) for spec in self.specs.values())
         self.needs_batch = any(spec.rows == "batch" for spec in self.specs.values())
         self._dummy = torch.zeros(1, dtype=torch.int32, device=self.device)  # for unread pointer arguments
-        self._fills: dict[bool, object] = {}
+        self._fills: dict[tuple, object] = {}  # (padded, bounded) -> StepFill
         self._device_index = self.device.index if self.device.type == "cuda" else -1
         self._native = native.module()
         # (padded, input dtypes) -> (steps capsule, the kernel it launches or None), or False: no C build
         self._steps: dict[tuple, object] = {}
         self._fla_seqs_pad = _layout.padded_num_seqs(pad, max_num_seqs)
+        # what build() returns: the one table's class (single), or StepTables
+        one = _results.step_recipe(self.specs, self.layout, False, 0, pad, 0, single=True)[1][0] if single else None
+        self._result_type = one or StepTables
         self._results = self._make_results()
         # a slice's plan: the builder's sequences and tokens, rows unbounded (each entry has its own)
         self._slice_capacity = _plan.Capacity(self.capacity.seqs, self.capacity.tokens, _plan.INT32_MAX)
@@ -99,6 +118,18 @@ class StepTablesBuilder:
         # device take the general path, which compares devices
         c_build = self._native is not None and self.device.type in ("cpu", "cuda")
         self._c_step = self._make_c_step(self._c_steps) if c_build else None
+
+    def _shared_ring(self, other: StepTablesBuilder, depth: int) -> TableRing:
+        if (
+            not isinstance(other, StepTablesBuilder)
+            or other.layout.regions != self.layout.regions
+            or other.ring.depth != depth
+            or other.device != self.device
+        ):
+            raise ChunkMetaError(
+                "share_ring_with: a StepTablesBuilder of the same tables, capacity, ring_depth and device."
+            )
+        return other.ring
 
     def _make_c_step(self, steps_tables: list):
         """``native.step``'s state: what it reads of this builder (``steps_tables``, its results
@@ -164,7 +195,7 @@ class StepTablesBuilder:
                 checkpoint_offsets_cpu,
                 padded,
             )
-            if type(made) is StepTables:
+            if type(made) is self._result_type:
                 return made
             made = self._after_c_step(made, query_start_loc, num_computed_tokens, checkpoint_offsets, padded)
             if made is not None:
@@ -258,7 +289,7 @@ class StepTablesBuilder:
         # and at 4096 in all 16 (0.36-1.51 us less: step_fill_sweep-2026-12-02-4096.json), so it
         # goes first up to 4096 sequences; above, unswept, the Triton kernel.
         candidates = []
-        fill = self._fills.get(padded)
+        fill = self._fills.get((padded, False))
         if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:
             from chunkmeta.fill.cuda_fill import CudaStepFill
 
@@ -303,10 +334,7 @@ class StepTablesBuilder:
         ``cu_hosts[name]`` (an address per slot); ``function`` 0: no kernel, the host side only, or
         with ``cpu_fill`` the host side and the fill in C (CPU arenas). None where the kernel's
         parameters are not the layout it packs."""
-        entries = [
-            (e.kind, e.shift, e.slice, e.base, e.flag, rows, e.seqs_pad, e.off0, e.off1, e.off2, e.off3, e.pad0, e.pad1)
-            for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)
-        ]
+        entries = [e.packed(rows) for e, rows in zip(self.layout.entries, self.layout.rows_pad, strict=True)]
         none = [0] * len(arenas)
         per_entry = [
             cu_hosts[name] if e.kind == _tables.FLA else none
@@ -432,19 +460,31 @@ class StepTablesBuilder:
 
     # -- launch, results -------------------------------------------------------------------------
 
-    def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded) -> None:
+    def fill_bounded(self, query_start_loc, num_seqs: int, rows: tuple[int, ...]) -> tuple[int, int]:
+        """Claim a slot, fill it in the bounded layout (the padded one's rows, ``rows`` per entry,
+        and the prefill slice's own ``num_seqs`` sequences; ``ChunkMetadataBuilder.build_bounded``)
+        and publish it: ``(slot, generation)``. The caller has checked everything."""
+        facts = StepFacts(0, num_seqs, 0, 0, 0, 0, 0, False, False)
+        slot, generation = self.ring.claim()
+        with self.ring.writing(slot):
+            self._fill_slot(query_start_loc, self._dummy, self._dummy, slot, facts, rows, True, bounded=True)
+        self.ring.publish(slot, generation)
+        return slot, generation
+
+    def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded, bounded=False) -> None:
+        entries = self._bounded_entries if bounded else self.layout.entries
         if self.backend == "torch":
-            for entry, offsets, num_rows in zip(self.layout.entries, self._entry_regions, rows, strict=True):
+            for entry, offsets, num_rows in zip(entries, self._entry_regions, rows, strict=True):
                 first, n = (facts.first_seq, facts.num_seqs) if entry.slice == 0 else (0, facts.batch_seqs)
                 regions = tuple(None if off is None else self.ring.region(slot, off) for off in offsets)
                 fill_entry_torch(entry, query_start_loc, computed, checkpoints, regions, first, n, num_rows, padded)
             return
-        fill = self._fills.get(padded)
+        fill = self._fills.get((padded, bounded))
         if fill is None:
             from chunkmeta.fill.step_fill import StepFill  # imports triton
 
-            fill = self._fills[padded] = StepFill(
-                entries=self.layout.entries, block_seqs=self.capacity.seqs, padded=padded
+            fill = self._fills[(padded, bounded)] = StepFill(
+                entries=entries, block_seqs=self.capacity.seqs, padded=padded
             )
         ints = (facts.first_seq, facts.num_seqs, facts.batch_seqs, *rows, *([0] * (_MAX_ENTRIES - len(rows))))
         dtypes = (query_start_loc.dtype, computed.dtype, checkpoints.dtype)
@@ -457,7 +497,9 @@ class StepTablesBuilder:
         """The executor of this builder's result recipe for ``padded``, over ``ring``'s views
         (graph mode passes its static ring, and itself as the lease), in C where the builder's
         C build is loaded."""
-        recipe = _results.step_recipe(self.specs, self.layout, padded, self._fla_seqs_pad, self.pad, self.capacity.seqs)
+        recipe = _results.step_recipe(
+            self.specs, self.layout, padded, self._fla_seqs_pad, self.pad, self.capacity.seqs, single=self.single
+        )
         return _results.results_maker(recipe, ring, lease, self._native)
 
     def _make_results(self) -> dict:

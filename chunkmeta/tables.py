@@ -32,6 +32,12 @@ SLICES = ("prefill", "batch")
 FLA, CONV, MAMBA2, LOGICAL, TOKENS = 1, 2, 3, 4, 5
 BASE_ZERO, BASE_PACKED, BASE_COMPUTED = 0, 1, 2
 UNUSED = -1  # an entry's region offset that it does not write
+# an FLA entry's flag bits: int64 chunk_offsets; entry 0 of cu_seqlens / chunk_offsets written too
+# (fresh, uninitialized outputs: the one-shot's); int64 chunk_indices (the one-shot's indices_dtype)
+FLA_OFFSETS_64, FLA_WRITE_FIRST, FLA_INDICES_64 = 1, 2, 4
+# an FLA entry's seqs_pad in a bounded build (ChunkMetadataBuilder.build_bounded): rows padded up
+# to a host bound, sequences the slice's own
+SEQS_EXACT = -1
 PAD_SLOT_ID = -1  # vLLM's pad value for the conv tables' tails (v1/attention/backends/utils.py:54)
 _ALIGN = 16  # every region starts 16-byte aligned (8-byte pair stores, vector loads)
 
@@ -51,6 +57,25 @@ class Entry(NamedTuple):
     seqs_pad: int  # per-sequence entries written in the padded layout
     pad0: int
     pad1: int
+
+    def packed(self, rows_pad: int) -> tuple:
+        """The entry as ``chunkmeta.native``'s ``make_steps`` takes it, with the rows it writes padded."""
+        e = self
+        return (
+            e.kind,
+            e.shift,
+            e.slice,
+            e.base,
+            e.flag,
+            rows_pad,
+            e.seqs_pad,
+            e.off0,
+            e.off1,
+            e.off2,
+            e.off3,
+            e.pad0,
+            e.pad1,
+        )
 
 
 class Region(NamedTuple):
@@ -112,7 +137,7 @@ class Fla:
                 self.chunk_size.bit_length() - 1,
                 SLICES.index(self.rows),
                 BASE_ZERO,
-                int(self.offsets_dtype == torch.int64),
+                FLA_OFFSETS_64 if self.offsets_dtype == torch.int64 else 0,
                 regions["cu_seqlens"].offset,
                 regions["chunk_indices"].offset,
                 regions["chunk_offsets"].offset,
@@ -270,6 +295,34 @@ class SglangMamba2:
 SPECS = (Fla, Conv, Mamba2, SglangMamba2)
 
 
+class OneShotLayout(NamedTuple):
+    """Where a one-shot's FLA tables lie in its block (``chunkmeta.one_shot``): ``cu_seqlens``
+    int32 at 0, ``chunk_offsets`` int64 at ``offsets_at``, ``chunk_indices`` last, at
+    ``indices_at`` (bytes), so that a block sized to the batch holds every row; the entry that
+    writes them, for ``seqs`` sequences at most."""
+
+    entry: Entry
+    offsets_at: int
+    indices_at: int
+
+
+def one_shot_layout(chunk_size: int, seqs: int, indices_dtype: torch.dtype) -> OneShotLayout:
+    offsets_at = _round_up(4 * (seqs + 1), _ALIGN)
+    indices_at = offsets_at + _round_up(8 * (seqs + 1), _ALIGN)
+    flag = FLA_OFFSETS_64 | FLA_WRITE_FIRST | (FLA_INDICES_64 if indices_dtype == torch.int64 else 0)
+    entry = Entry(FLA, chunk_size.bit_length() - 1, 0, BASE_ZERO, flag, 0, indices_at, offsets_at, UNUSED, 0, 0, 0)
+    return OneShotLayout(entry, offsets_at, indices_at)
+
+
+def bounded_entries(entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+    """A padded layout's entries as a bounded build writes them (``SEQS_EXACT``)."""
+    return tuple(e._replace(seqs_pad=SEQS_EXACT) if e.kind == FLA else e for e in entries)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 class SlotLayout(NamedTuple):
     """Where every table of a builder lives in a slot: ``regions[name][field]``, the kernel's
     entries (in the order of ``owners``: the table name of each entry), and the slot's size."""
@@ -293,7 +346,7 @@ def slot_layout(specs: dict, seqs: int, tokens: int, pad: str) -> SlotLayout:
         for region in spec.regions(seqs, tokens):
             placed[region.name] = region._replace(offset=offset)
             nbytes = region.entries * region.dtype.itemsize
-            offset += -(-max(nbytes, 1) // _ALIGN) * _ALIGN
+            offset += _round_up(max(nbytes, 1), _ALIGN)
         regions[name] = placed
         for entry, rows in zip(spec.entries(placed, seqs, tokens, pad), spec.entry_rows(seqs, tokens), strict=True):
             entries.append(entry)

@@ -3,13 +3,10 @@
    SOURCES; host_build.h declares what crosses them). Their jobs:
    - host_plan.c: plan(), one pass over a prefill slice of the host query_start_loc (sizes and the
      first bad index), for chunkmeta.plan, and the passes and argument parsing the builds share;
-   - host_launch.c: make_fill() / build(): a CUDA builder's whole host side of a build in one call:
-     validation, the ChunkMetadata it returns, the cuLaunchKernel of the fill (the CUDA C fill of
-     chunk_fill.cu, or the Triton kernel) and the host cu_seqlens copy; oneshot(): the one-shot's
-     (chunkmeta.builder.build_chunk_metadata) on CUDA, into views of chunkmeta.arena;
-     oneshot_plan(): its plan alone;
-   - host_step.c: make_steps() / make_step() / step(): the same for a step builder's tables
-     (chunkmeta.step_builder), from its input tensors, with the ring's claim and publish;
+   - host_one_shot.c: oneshot(), the one-shot's (chunkmeta.one_shot.build_chunk_metadata) whole
+     host side, into views of chunkmeta.arena, through the step build's plan and launch;
+   - host_step.c: make_steps() / make_step() / step(): a step builder's whole host side of a build
+     (chunkmeta.step_builder) in one call, from its input tensors, with the ring's claim and publish;
      step_host(): graph mode's host side of a step (chunkmeta.graph);
    - host_results.c: the step build's result objects (make_results() / results(): from a recipe,
      chunkmeta.results);
@@ -24,7 +21,7 @@
 #include "host_build.h"
 #include <dlfcn.h>
 
-/* ---- the CUDA driver's launch entry points (the one-table build's and the step build's) ---- */
+/* ---- the CUDA driver's launch entry points ------------------------------------------------ */
 typedef int (*FuncGetParamInfo)(void *, size_t, size_t *, size_t *);
 LaunchKernel launch_kernel = NULL;
 static FuncGetParamInfo param_info = NULL;
@@ -178,10 +175,7 @@ int plain_tensor(PyObject *t, long device, long long *out) {
 static PyMethodDef methods[] = {
     {"plan", (PyCFunction)(void (*)(void))py_plan, METH_FASTCALL, "the host plan of a prefill slice"},
     {"bind_cuda", py_bind_cuda, METH_NOARGS, "find the driver's launch entry points"},
-    {"make_fill", (PyCFunction)(void (*)(void))py_make_fill, METH_FASTCALL, "a builder's launch constants"},
-    {"build", (PyCFunction)(void (*)(void))py_build, METH_FASTCALL, "one build's host side"},
-    {"oneshot_plan", (PyCFunction)(void (*)(void))py_oneshot_plan, METH_FASTCALL, "a one-shot's plan and host copy"},
-    {"oneshot", (PyCFunction)(void (*)(void))py_oneshot, METH_FASTCALL, "a one-shot build on CUDA"},
+    {"oneshot", (PyCFunction)(void (*)(void))py_oneshot, METH_FASTCALL, "a one-shot build"},
     {"make_steps", (PyCFunction)(void (*)(void))py_make_steps, METH_FASTCALL, "a step builder's launch constants"},
     {"step_host", (PyCFunction)(void (*)(void))py_step_host, METH_FASTCALL, "graph mode's host side of a step"},
     {"make_step", (PyCFunction)(void (*)(void))py_make_step, METH_FASTCALL, "a step builder's C build state"},

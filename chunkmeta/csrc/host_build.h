@@ -77,14 +77,44 @@ static inline PyObject *fresh_alias(PyObject *view) { return tensor_get(T_DATA, 
 
 int plain_tensor(PyObject *t, long device, long long *out);
 
+/* ---- host_step.c: a step build's constants, plan and launch (the one-shot's too) ---------- */
+/* A steps capsule (make_steps, "chunkmeta.steps") holds what never changes: the kernel
+   (step_tables_kernel, or 0: no launch), or for a CPU builder the CPU fill (cpu_fill_entry), its
+   launch shape, each slot's arena and host cu_seqlens buffers, and the entries (kind, shift,
+   slice, base, flag, rows_pad, seqs_pad, the four region offsets, pad0, pad1). */
+#define MAX_ENTRIES 6
+#define STEP_ARGS 14 /* qsl, computed, checkpoints, arena, params (8 B); 9 int32 scalars */
+
+typedef struct {
+  void *function;
+  unsigned block_rows, threads, shared;
+  int trailing, slots, entries, padded, cpu_fill;
+  int64_t cap_seqs, cap_tokens;
+  int kind[MAX_ENTRIES], shift[MAX_ENTRIES], slice[MAX_ENTRIES], base[MAX_ENTRIES], flag[MAX_ENTRIES];
+  int64_t rows_pad[MAX_ENTRIES], seqs_pad[MAX_ENTRIES], off[MAX_ENTRIES][4], pad0[MAX_ENTRIES], pad1[MAX_ENTRIES];
+  uint64_t arena[MAX_SLOTS];
+  int32_t *cu_host[MAX_ENTRIES][MAX_SLOTS]; /* FLA entries: the slot's host cu_seqlens */
+  int64_t *ends;                            /* cpu_fill: a slice's chunk ends, cap_seqs entries */
+} Steps;
+
+/* a planned step: its slices, flags and every entry's rows (counts: the exact layout's) */
+typedef struct {
+  const char *host;
+  const void *q;
+  int is64, prep, any_checkpoint;
+  int64_t first, n, requests, start, end, batch_start, batch_end, longest, batch_longest;
+  int64_t counts[MAX_ENTRIES], rows[MAX_ENTRIES];
+} StepPlan;
+
+int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
+              StepPlan *p);
+int step_launch(const Steps *st, const StepPlan *p, const long long *d, uint64_t arena, int32_t *const *cu_hosts);
+
 /* ---- the module's methods (host_build.c's table), defined by its parts ---------------------- */
 /* host_plan.c */
 PyObject *py_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* host_launch.c */
-PyObject *py_make_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* host_one_shot.c */
 PyObject *py_set_metadata_class(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_build(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_oneshot_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* host_step.c */
 PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

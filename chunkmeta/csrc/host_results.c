@@ -228,7 +228,9 @@ PyObject *py_make_results(PyObject *self, PyObject *const *args, Py_ssize_t narg
   if (compile_output(r, PyTuple_GET_ITEM(args[1], 0), PyTuple_GET_ITEM(args[1], 1), PyTuple_GET_ITEM(args[1], 2), 1,
                      top, r->need))
     goto fail;
-  if (!top->cls->tp_dictoffset) { /* results() makes its tables the top object's __dict__ */
+  /* results() makes its tables the top object's __dict__; with no outputs the top object is the
+     one table (a single-table builder's) */
+  if (r->outputs && !top->cls->tp_dictoffset) {
     PyErr_SetString(PyExc_TypeError, "make_results: the top class must have an instance __dict__ (StepTables)");
     goto fail;
   }
@@ -311,7 +313,8 @@ static PyObject *make_output(Results *r, Output *out, PyObject *slot, long k, Py
   return object;
 }
 
-/* results(capsule, slot, generation, counts, facts) -> StepTables. counts / facts: tuples (a
+/* results(capsule, slot, generation, counts, facts) -> StepTables, or with no outputs the top
+   object alone (a single-table builder's table). counts / facts: tuples (a
    NamedTuple is one) at least as long as the recipe reads. */
 PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 5) {
@@ -332,6 +335,7 @@ PyObject *py_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyErr_Clear();
   }
   if (k < 0 || k >= r->depth) k = -1; /* not one of the ring's slots: no memo, no base (make_view decides) */
+  if (!r->outputs) return make_output(r, &r->out[0], args[1], k, args[2], sources, NULL);
   PyObject *tables = PyDict_New();
   if (!tables) return NULL;
   for (int o = 0; o < r->outputs; o++) {

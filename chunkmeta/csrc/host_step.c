@@ -13,21 +13,6 @@
    launch), or for a CPU builder the CPU fill (cpu_fill_entry), its launch shape, each slot's
    arena and host cu_seqlens buffers, and the entries (kind, shift, slice, base, flag, rows_pad,
    seqs_pad, the four region offsets, pad0, pad1). */
-#define MAX_ENTRIES 6
-#define STEP_ARGS 14 /* qsl, computed, checkpoints, arena, params (8 B); 9 int32 scalars */
-
-typedef struct {
-  void *function;
-  unsigned block_rows, threads, shared;
-  int trailing, slots, entries, padded, cpu_fill;
-  int64_t cap_seqs, cap_tokens;
-  int kind[MAX_ENTRIES], shift[MAX_ENTRIES], slice[MAX_ENTRIES], base[MAX_ENTRIES], flag[MAX_ENTRIES];
-  int64_t rows_pad[MAX_ENTRIES], seqs_pad[MAX_ENTRIES], off[MAX_ENTRIES][4], pad0[MAX_ENTRIES], pad1[MAX_ENTRIES];
-  uint64_t arena[MAX_SLOTS];
-  int32_t *cu_host[MAX_ENTRIES][MAX_SLOTS]; /* FLA entries: the slot's host cu_seqlens */
-  int64_t *ends;                            /* cpu_fill: a slice's chunk ends, cap_seqs entries */
-} Steps;
-
 static void free_steps(PyObject *capsule) {
   Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
   PyMem_Free(st->ends);
@@ -153,13 +138,22 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
   }
   char *r0 = arena + st->off[j][0], *r1 = arena + st->off[j][1], *r2 = arena + st->off[j][2],
        *r3 = arena + st->off[j][3];
-  const int64_t seqs_out = st->padded ? st->seqs_pad[j] : n, pad0 = st->pad0[j], pad1 = st->pad1[j];
+  /* a seqs_pad below 0: a bounded build's FLA entry (padded rows, the slice's own sequences) */
+  const int64_t seqs_out = st->padded && st->seqs_pad[j] >= 0 ? st->seqs_pad[j] : n;
+  const int64_t pad0 = st->pad0[j], pad1 = st->pad1[j];
+  if (kind == FLA && (flag & FLA_WRITE_FIRST)) { /* fresh outputs: entry 0 too */
+    ((int32_t *)r0)[0] = 0;
+    if (flag & FLA_OFFSETS_64)
+      ((int64_t *)r2)[0] = 0;
+    else
+      ((int32_t *)r2)[0] = 0;
+  }
   for (int64_t s = 0; s < seqs_out; s++) { /* the per-sequence tables */
     const int real = s < n;
     const int64_t end = real ? ends[s] : num_chunks;
     if (kind == FLA) {
       ((int32_t *)r0)[1 + s] = (int32_t)(real ? load(q, q64, s + 1) - base : num_tokens);
-      if (flag)
+      if (flag & FLA_OFFSETS_64)
         ((int64_t *)r2)[1 + s] = end;
       else
         ((int32_t *)r2)[1 + s] = (int32_t)end;
@@ -180,7 +174,11 @@ static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, i
     const int real = r < num_chunks;
     while (real && ends[seq] <= r) seq++; /* the first sequence whose chunks end past r */
     const int64_t chunk = real ? r - (seq ? ends[seq - 1] : 0) : 0;
-    if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs */
+    if (kind == FLA && (flag & FLA_INDICES_64)) { /* int64 (seq, chunk) pairs */
+      int64_t *pair = (int64_t *)r1 + 2 * r;
+      pair[0] = real ? seq : pad0;
+      pair[1] = real ? chunk : pad1;
+    } else if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs */
       int32_t *pair = (int32_t *)(kind == FLA ? r1 : r0) + 2 * r;
       pair[0] = (int32_t)(real ? seq : pad0);
       pair[1] = (int32_t)(real ? chunk : pad1);
@@ -225,42 +223,34 @@ static PyObject *int_tuple(const int64_t *values, int n, int spare) {
   return made;
 }
 
-/* One step build's host side and launch (tensors_step, py_step_host): a[] = (host, host_len,
-   is64), c[] = (computed, computed_is64, checkpoints, checkpoints_is64): host addresses of R
-   entries, 0 when no entry reads them; d[] = (qsl_dev, computed_dev, checkpoints_dev, slot,
-   stream, and those three tensors' is64 flags, which the CPU fill reads). -> (counts, (first_seq,
-   n, tokens, max_seqlen, requests, batch_tokens, batch_max, prep, any_checkpoint)), with a third
-   element, the launch's bool, when `with_launched` is set; or an int: -1 for input the general
-   path must check (nothing written or launched), or the CUresult of a failed launch. Validates
-   exactly what the Python plan checks of the values; host copies are written only after the
-   launch succeeded. */
-static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
-                          const long long *d, int with_launched) {
+/* One step build's plan (step_plan): a[] = (host, host_len, is64), c[] = (computed,
+   computed_is64, checkpoints, checkpoints_is64): host addresses of R entries, 0 when no entry
+   reads them. 0 with *p set, or -1: input the general path must check (nothing written).
+   Validates exactly what the Python plan checks of the values. */
+int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
+              StepPlan *p) {
   long long first, n;
-  if (slice_args(first_obj, num_obj, a[1] - 1, &first, &n)) return PyLong_FromLong(-1);
+  if (slice_args(first_obj, num_obj, a[1] - 1, &first, &n)) return -1;
   const char *host = (const char *)(uintptr_t)a[0];
   int is64 = (int)a[2];
-  int64_t requests = a[1] - 1, slot = d[3];
-  if (requests < 0 || first < 0 || first > requests || n > st->cap_seqs || first + n > requests || slot < 0 ||
-      slot >= st->slots)
-    return PyLong_FromLong(-1);
+  int64_t requests = a[1] - 1;
+  if (requests < 0 || first < 0 || first > requests || n > st->cap_seqs || first + n > requests) return -1;
   int needs_batch = 0;
   for (int j = 0; j < st->entries; j++) needs_batch |= st->slice[j] == 1;
-  if (needs_batch && requests > st->cap_seqs) return PyLong_FromLong(-1);
+  if (needs_batch && requests > st->cap_seqs) return -1;
   /* the slices: offsets >= 0, non-decreasing, within the token capacity */
   const void *q = host + first * (is64 ? 8 : 4);
   int64_t start = load(q, is64, 0), end = load(q, is64, n);
-  if (start < 0 || end < start || end - start > st->cap_tokens) return PyLong_FromLong(-1);
+  if (start < 0 || end < start || end - start > st->cap_tokens) return -1;
   Plan slice = plan_any(q, is64, n, -1); /* its checks and longest row; each entry counts its own chunks */
-  if (slice.bad) return PyLong_FromLong(-1);
+  if (slice.bad) return -1;
   Plan batch = {0, 0, 0};
   int64_t batch_start = 0, batch_end = 0;
   if (needs_batch) {
     batch_start = load(host, is64, 0), batch_end = load(host, is64, requests);
-    if (batch_start < 0 || batch_end < batch_start || batch_end - batch_start > st->cap_tokens)
-      return PyLong_FromLong(-1);
+    if (batch_start < 0 || batch_end < batch_start || batch_end - batch_start > st->cap_tokens) return -1;
     batch = plan_any(host, is64, requests, -1);
-    if (batch.bad) return PyLong_FromLong(-1);
+    if (batch.bad) return -1;
   }
   /* per-row inputs of the slice: computed >= 0 with c + len <= INT32_MAX, 0 <= checkpoint <= len
      (every request's entry is >= 0: the Python plan checks the whole array) */
@@ -268,47 +258,58 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
   int prep = 0, any_checkpoint = 0;
   if (computed) {
     RowFlags flags = computed_rows[is64 << 1 | (int)c[1]](q, computed, requests, first, n);
-    if (flags.bad) return PyLong_FromLong(-1);
+    if (flags.bad) return -1;
     prep = flags.any;
   }
   if (checkpoints) {
     RowFlags flags = checkpoint_rows[is64 << 1 | (int)c[3]](q, checkpoints, requests, first, n);
-    if (flags.bad) return PyLong_FromLong(-1);
+    if (flags.bad) return -1;
     any_checkpoint = flags.any;
   }
   /* the rows of every entry */
-  int64_t rows[MAX_ENTRIES] = {0}, counts[MAX_ENTRIES] = {0};
   for (int j = 0; j < st->entries; j++) {
     int whole = st->slice[j] == 1;
     const void *sq = whole ? (const void *)host : q;
     int64_t sn = whole ? requests : n;
     if (st->kind[j] == TOKENS) {
-      counts[j] = whole ? batch_end - batch_start : end - start;
+      p->counts[j] = whole ? batch_end - batch_start : end - start;
     } else if (st->base[j] == 0) { /* a slice planned above: its offsets do not decrease */
-      counts[j] = chunks_any(sq, is64, sn, st->shift[j]);
+      p->counts[j] = chunks_any(sq, is64, sn, st->shift[j]);
     } else {
       const char *rows_computed = computed ? computed + (whole ? 0 : first) * (c[1] ? 8 : 4) : NULL;
       const char *rows_checkpoints = checkpoints ? checkpoints + (whole ? 0 : first) * (c[3] ? 8 : 4) : NULL;
       int split = st->kind[j] == MAMBA2 && st->flag[j] && rows_checkpoints;
-      if (st->base[j] == 2 && !rows_computed) return PyLong_FromLong(-1);
+      if (st->base[j] == 2 && !rows_computed) return -1;
       if (st->base[j] == 1) /* SGLang's logical chunks, at packed positions */
-        counts[j] = packed_chunks[is64](sq, sn, st->shift[j]);
+        p->counts[j] = packed_chunks[is64](sq, sn, st->shift[j]);
       else if (split) /* Mamba2's chunks at absolute positions, cut at checkpoints */
-        counts[j] = split_chunks[is64 << 2 | (int)c[1] << 1 | (int)c[3]](sq, rows_computed, rows_checkpoints, sn,
-                                                                          st->shift[j]);
+        p->counts[j] = split_chunks[is64 << 2 | (int)c[1] << 1 | (int)c[3]](sq, rows_computed, rows_checkpoints, sn,
+                                                                             st->shift[j]);
       else /* the same without checkpoints */
-        counts[j] = positioned_chunks[is64 << 1 | (int)c[1]](sq, rows_computed, sn, st->shift[j]);
+        p->counts[j] = positioned_chunks[is64 << 1 | (int)c[1]](sq, rows_computed, sn, st->shift[j]);
     }
-    rows[j] = st->padded ? st->rows_pad[j] : counts[j];
+    p->rows[j] = st->padded ? st->rows_pad[j] : p->counts[j];
   }
-  /* the launch: entries' program ranges as the kernel computes them */
+  p->host = host, p->q = q, p->is64 = is64;
+  p->first = first, p->n = n, p->requests = requests;
+  p->start = start, p->end = end, p->batch_start = batch_start, p->batch_end = batch_end;
+  p->longest = slice.longest, p->batch_longest = batch.longest;
+  p->prep = prep, p->any_checkpoint = any_checkpoint;
+  return 0;
+}
+
+/* A planned step's launch into `arena` (st's kernel, or its CPU fill), then the FLA entries' host
+   cu_seqlens into cu_hosts[j]: d[] = (qsl_dev, computed_dev, checkpoints_dev, stream, and those
+   three tensors' is64 flags, which the CPU fill reads). 0, or the CUresult of a failed launch
+   (then no host copy is written). */
+int step_launch(const Steps *st, const StepPlan *p, const long long *d, uint64_t arena, int32_t *const *cu_hosts) {
   if (st->function) {
-    uint64_t ptrs[5] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], st->arena[slot], (uint64_t)d[0]};
-    int32_t scalars[9] = {(int32_t)first, (int32_t)n, (int32_t)requests, 0, 0, 0, 0, 0, 0};
-    unsigned grid = 0;
+    uint64_t ptrs[5] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], arena, (uint64_t)d[0]};
+    int32_t scalars[9] = {(int32_t)p->first, (int32_t)p->n, (int32_t)p->requests, 0, 0, 0, 0, 0, 0};
+    unsigned grid = 0; /* entries' program ranges as the kernel computes them */
     for (int j = 0; j < st->entries; j++) {
-      scalars[3 + j] = (int32_t)rows[j];
-      int64_t programs = (rows[j] + st->block_rows - 1) / st->block_rows;
+      scalars[3 + j] = (int32_t)p->rows[j];
+      int64_t programs = (p->rows[j] + st->block_rows - 1) / st->block_rows;
       grid += (unsigned)(programs > 0 ? programs : 1);
     }
     uint64_t scratch[MAX_TRAILING] = {0};
@@ -318,45 +319,67 @@ static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, Py
     for (int i = 0; i < st->trailing; i++) params[STEP_ARGS + i] = &scratch[i];
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = launch_kernel(st->function, grid, 1, 1, st->threads, 1, 1, st->shared, (void *)(uintptr_t)d[4], params,
+    err = launch_kernel(st->function, grid, 1, 1, st->threads, 1, 1, st->shared, (void *)(uintptr_t)d[3], params,
                         NULL);
     Py_END_ALLOW_THREADS
-    if (err) return PyLong_FromLong(err);
+    if (err) return err;
   } else if (st->cpu_fill) {
-    char *arena = (char *)(uintptr_t)st->arena[slot];
     for (int j = 0; j < st->entries; j++) {
       int whole = st->slice[j] == 1;
-      int64_t sfirst = whole ? 0 : first, sn = whole ? requests : n;
-      const char *sq = (const char *)(uintptr_t)d[0] + sfirst * (d[5] ? 8 : 4);
-      cpu_fill_entry(st, j, arena, sq, (int)d[5], (const char *)(uintptr_t)d[1], (int)d[6],
-                     (const char *)(uintptr_t)d[2], (int)d[7], sfirst, sn, rows[j]);
+      int64_t sfirst = whole ? 0 : p->first, sn = whole ? p->requests : p->n;
+      const char *sq = (const char *)(uintptr_t)d[0] + sfirst * (d[4] ? 8 : 4);
+      cpu_fill_entry(st, j, (char *)(uintptr_t)arena, sq, (int)d[4], (const char *)(uintptr_t)d[1], (int)d[5],
+                     (const char *)(uintptr_t)d[2], (int)d[6], sfirst, sn, p->rows[j]);
     }
   }
   /* host cu_seqlens of the FLA entries: the slice rebased to 0, then zero-length tails */
   for (int j = 0; j < st->entries; j++) {
-    int32_t *out = st->kind[j] == FLA ? st->cu_host[j][slot] : NULL;
+    int32_t *out = st->kind[j] == FLA ? cu_hosts[j] : NULL;
     if (!out) continue;
     int whole = st->slice[j] == 1;
-    const void *sq = whole ? (const void *)host : q;
-    int64_t sn = whole ? requests : n, s0 = whole ? batch_start : start;
-    host_cu_seqlens(out, sq, is64, sn, s0, st->padded ? st->seqs_pad[j] : sn);
+    const void *sq = whole ? (const void *)p->host : p->q;
+    int64_t sn = whole ? p->requests : p->n, s0 = whole ? p->batch_start : p->start;
+    host_cu_seqlens(out, sq, p->is64, sn, s0, st->padded && st->seqs_pad[j] >= 0 ? st->seqs_pad[j] : sn);
   }
+  return 0;
+}
+
+/* A planned step as Python sees it: (counts, (first_seq, n, tokens, max_seqlen, requests,
+   batch_tokens, batch_max, prep, any_checkpoint)), with a third element, whether st launched
+   (else the caller launches the fill), when `with_launched` is set. New reference, or NULL. */
+static PyObject *step_tuple(const Steps *st, const StepPlan *p, int with_launched) {
   /* the facts' two flags are bools: they are the result objects' bool fields (prep_initial_states) */
-  const int64_t fact_ints[7] = {first, n, end - start, slice.longest, requests, batch_end - batch_start,
-                                batch.longest};
-  PyObject *count_tuple = int_tuple(counts, st->entries, 0), *facts = int_tuple(fact_ints, 7, 2);
+  const int64_t fact_ints[7] = {p->first,    p->n,
+                                p->end - p->start,
+                                p->longest,  p->requests,
+                                p->batch_end - p->batch_start,
+                                p->batch_longest};
+  PyObject *count_tuple = int_tuple(p->counts, st->entries, 0), *facts = int_tuple(fact_ints, 7, 2);
   PyObject *made = count_tuple && facts ? PyTuple_New(with_launched ? 3 : 2) : NULL;
   if (!made) {
     Py_XDECREF(count_tuple);
     Py_XDECREF(facts);
     return NULL;
   }
-  PyTuple_SET_ITEM(facts, 7, PyBool_FromLong(prep));
-  PyTuple_SET_ITEM(facts, 8, PyBool_FromLong(any_checkpoint));
+  PyTuple_SET_ITEM(facts, 7, PyBool_FromLong(p->prep));
+  PyTuple_SET_ITEM(facts, 8, PyBool_FromLong(p->any_checkpoint));
   PyTuple_SET_ITEM(made, 0, count_tuple);
   PyTuple_SET_ITEM(made, 1, facts);
   if (with_launched) PyTuple_SET_ITEM(made, 2, PyBool_FromLong(st->function || st->cpu_fill));
   return made;
+}
+
+/* One step build's host side and launch into ring slot `slot` (tensors_step, py_step_host): a[],
+   c[] as step_plan's, d[] as step_launch's. -> step_tuple's, or an int: -1 for input the general
+   path must check (nothing written or launched), or the CUresult of a failed launch. */
+static PyObject *run_step(Steps *st, const long long *a, PyObject *first_obj, PyObject *num_obj, const long long *c,
+                          const long long *d, long long slot, int with_launched) {
+  StepPlan p;
+  if (slot < 0 || slot >= st->slots || step_plan(st, a, first_obj, num_obj, c, &p)) return PyLong_FromLong(-1);
+  int32_t *cu_hosts[MAX_ENTRIES];
+  for (int j = 0; j < st->entries; j++) cu_hosts[j] = st->cu_host[j][slot];
+  int err = step_launch(st, &p, d, st->arena[slot], cu_hosts);
+  return err ? PyLong_FromLong(err) : step_tuple(st, &p, with_launched);
 }
 
 /* ---- a step build from the caller's tensors --------------------------------------------- */
@@ -375,7 +398,7 @@ static PyObject *tensors_step(PyObject *table, long long wants, PyObject *const 
   long long host[3], qsl[3], rows[2][3] = {{0, 0, 0}, {0, 0, 0}}, dev[2][3];
   if (!plain_tensor(t[1], -1, host) || host[1] < 1 || !plain_tensor(t[0], device, qsl) || qsl[1] != host[1])
     return PyLong_FromLong(-1);
-  long long c[4], d[8] = {qsl[0], dummy, dummy, slot, stream, qsl[2], 0, 0};
+  long long c[4], d[7] = {qsl[0], dummy, dummy, stream, qsl[2], 0, 0};
   int index = (int)qsl[2];
   for (int k = 0; k < 2; k++) { /* computed, then checkpoints */
     if (!(wants >> k & 1)) continue;
@@ -383,7 +406,7 @@ static PyObject *tensors_step(PyObject *table, long long wants, PyObject *const 
         !plain_tensor(t[4 + 2 * k], device, dev[k]) || dev[k][1] != host[1] - 1)
       return PyLong_FromLong(-1);
     d[1 + k] = dev[k][0];
-    d[6 + k] = dev[k][2];
+    d[5 + k] = dev[k][2];
     index |= (int)dev[k][2] << (1 + k);
   }
   c[0] = rows[0][0], c[1] = rows[0][2], c[2] = rows[1][0], c[3] = rows[1][2];
@@ -391,7 +414,7 @@ static PyObject *tensors_step(PyObject *table, long long wants, PyObject *const 
   if (capsule == Py_None) return PyLong_FromLong(-1);
   Steps *st = PyCapsule_GetPointer(capsule, "chunkmeta.steps");
   if (!st) return NULL;
-  return run_step(st, host, t[2], t[3], c, d, 1);
+  return run_step(st, host, t[2], t[3], c, d, slot, 1);
 }
 
 /* ---- a whole step build in one call ------------------------------------------------------ */
@@ -566,6 +589,6 @@ PyObject *py_step_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
   for (int k = 0; k < 2; k++) /* computed, then checkpoints */
     if (wants >> k & 1 && (!plain_tensor(args[6 + k], -1, rows[k]) || rows[k][1] != host[1] - 1))
       return PyLong_FromLong(-1);
-  long long c[4] = {rows[0][0], rows[0][2], rows[1][0], rows[1][2]}, d[8] = {0};
-  return run_step(st, host, args[4], args[5], c, d, 0);
+  long long c[4] = {rows[0][0], rows[0][2], rows[1][0], rows[1][2]}, d[7] = {0};
+  return run_step(st, host, args[4], args[5], c, d, 0, 0);
 }

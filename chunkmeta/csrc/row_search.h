@@ -1,4 +1,4 @@
-/* The row search the two CUDA C fills share (chunk_fill.cu, step_fill.cu; NVRTC gets this as an
+/* The CUDA C step fill's row search (step_fill.cu; NVRTC gets this as an
    in-memory header, chunkmeta.fill.cuda_fill, and the host harness includes it from here): which
    sequence a chunk row falls in, given each sequence's inclusive chunk end (non-decreasing), in
    two levels. First the block's warps, from each warp's last end held in every thread's registers

@@ -20,6 +20,12 @@
 #define LOGICAL 4
 #define TOKENS 5
 
+/* an FLA entry's flag bits (chunkmeta.tables.FLA_*): int64 chunk_offsets, entry 0 of cu_seqlens /
+   chunk_offsets written too (fresh outputs: the one-shot's), int64 chunk_indices */
+#define FLA_OFFSETS_64 1
+#define FLA_WRITE_FIRST 2
+#define FLA_INDICES_64 4
+
 /* chunks of a segment of len tokens at position pos: one per multiple of 2^shift inside it and
    one at its end; an empty one mid-chunk gets one, on a boundary none */
 STEP_CHUNKS_FN long long segment_chunks(long long pos, long long len, int shift) {

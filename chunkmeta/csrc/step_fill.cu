@@ -93,8 +93,9 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   for (int k = 0; k < per_thread; k++) ends[tid * per_thread + k] = before + mine[k];
   __syncthreads();
 
-  /* per-sequence tables: program pid stores its share of the sequences */
-  const int seqs_out = PADDED ? (int)entry_table[J][SEQS_PAD] : n;
+  /* per-sequence tables: program pid stores its share of the sequences (a SEQS_PAD below 0: a
+     bounded build's FLA entry, padded rows and the slice's own sequences) */
+  const int seqs_out = PADDED && entry_table[J][SEQS_PAD] >= 0 ? (int)entry_table[J][SEQS_PAD] : n;
   const int share = (seqs_out + programs - 1) / programs;
   const long long num_tokens = (long long)q[n] - base;
   for (int s = pid * share + tid; s < min(seqs_out, pid * share + share); s += THREADS) {
@@ -103,7 +104,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     if (kind == FLA) {
       int *cu = (int *)(arena + entry_table[J][OFF0]);
       cu[1 + s] = (int)(real ? (long long)q[s + 1] - base : num_tokens);
-      if (flag)
+      if (flag & FLA_OFFSETS_64)
         ((long long *)(arena + entry_table[J][OFF2]))[1 + s] = end;
       else
         ((int *)(arena + entry_table[J][OFF2]))[1 + s] = end;
@@ -123,6 +124,14 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     } else if (kind == LOGICAL && flag) {
       ((char *)(arena + entry_table[J][OFF2]))[s] = real && computed[first + s] > 0;
     }
+  }
+
+  if (kind == FLA && (flag & FLA_WRITE_FIRST) && pid == 0 && tid == 0) { /* fresh outputs: entry 0 too */
+    ((int *)(arena + entry_table[J][OFF0]))[0] = 0;
+    if (flag & FLA_OFFSETS_64)
+      ((long long *)(arena + entry_table[J][OFF2]))[0] = 0;
+    else
+      ((int *)(arena + entry_table[J][OFF2]))[0] = 0;
   }
 
   /* rows: each one's sequence is the number of sequences whose chunks end at or before it, found
@@ -145,7 +154,11 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     if (r >= num_rows) break;
     const bool real = r < num_chunks;
     const int seq = real ? row_seq[k] : 0, chunk = real ? row_chunk[k] : 0;
-    if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs, one 8-byte store */
+    if (kind == FLA && (flag & FLA_INDICES_64)) { /* int64 (seq, chunk) pairs */
+      long long *pair = (long long *)(arena + entry_table[J][OFF1]) + 2 * (long long)r;
+      pair[0] = real ? seq : entry_table[J][PAD0];
+      pair[1] = real ? chunk : entry_table[J][PAD1];
+    } else if (kind == FLA || (kind == CONV && flag)) { /* int32 (seq, chunk) pairs, one 8-byte store */
       const long long pad0 = entry_table[J][PAD0], pad1 = entry_table[J][PAD1];
       const long long a = real ? seq : pad0, b = real ? chunk : pad1;
       ((long long *)(arena + entry_table[J][kind == FLA ? OFF1 : OFF0]))[r] =

@@ -1,34 +1,28 @@
 """Every table of a step in one Triton launch, beside its launcher.
 
 A step's tables (``chunkmeta.tables``) are *entries* of one kernel: entry ``j`` owns a range of
-programs, sized by its rows, and writes its tables into the regions of one ring slot (an arena of
-bytes; the byte offsets of every region are compile-time constants of the builder). Every entry
-is a walk over the sequences of a slice of ``query_start_loc``: each sequence is cut into chunks,
-and each program finds the sequence and chunk of its rows by the same prefix scan and row search
-as FLA's tables (``chunkmeta.fill.triton_fill``). What differs between entries is where a
-sequence's chunks are cut (its *base*, the position of its first token) and what a row stores.
+programs, sized by its rows, and writes its tables into the regions of one arena (a ring slot, or
+a one-shot's block; the byte offsets of every region are compile-time constants). Every entry is
+a walk over the sequences of a slice of ``query_start_loc``: each sequence is cut into chunks, and
+each program finds the sequence and chunk of its rows by one prefix scan and row search
+(``chunkmeta.fill.row_search``). What differs between entries is where a sequence's chunks are
+cut (its *base*, the position of its first token) and what a row stores. FLA's tables are one
+such entry (``fla_tables``), for the step builder, ``ChunkMetadataBuilder`` and the one-shot.
 
-Importing this module imports triton (see ``chunkmeta.fill.triton_fill``).
+Importing this module imports triton, so builders import it on first use: that lets a CPU process
+set ``TRITON_INTERPRET=1`` as late as its first Triton build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from chunkmeta.fill.triton_fill import (
-    _direct_launcher,
-    _fast_launch_enabled,
-    find_rows,
-    fla_tables,
-    plain_launch,
-    scan_counts,
-    seq_lanes,
-    store_pairs,
-)
+from chunkmeta.fill.row_search import find_rows, scan_counts, seq_lanes, store_pairs
 from chunkmeta.plan import next_pow2
 
 MAX_ENTRIES = 6
@@ -193,6 +187,97 @@ def _walk_entry(
 
 
 @triton.jit
+def fla_tables(
+    query_start_loc,
+    cu_seqlens,
+    chunk_indices,
+    chunk_offsets,
+    first_seq,
+    num_seqs,
+    num_rows,
+    seqs_out,
+    pad_seq,
+    pid,
+    num_programs,
+    CHUNK_SHIFT: tl.constexpr,
+    BLOCK_SEQS: tl.constexpr,
+    SCAN_COLS: tl.constexpr,
+    LOG2_SCAN_COLS: tl.constexpr,
+    LOG2_BLOCK_SEQS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
+    PADDED: tl.constexpr,
+    PAD_CHUNK: tl.constexpr,
+    WRITE_FIRST: tl.constexpr,
+    INDICES_64: tl.constexpr,
+):
+    """Program ``pid`` of ``num_programs``' share of an FLA entry: ``cu_seqlens[1 : seqs_out + 1]``,
+    ``chunk_offsets[1 : seqs_out + 1]`` and ``chunk_indices[0 : num_rows]`` of the slice
+    ``query_start_loc[first_seq : first_seq + num_seqs + 1]`` (entry 0 of the first two too with
+    WRITE_FIRST: fresh, uninitialized outputs).
+
+    Every program scans the per-sequence chunk counts itself (``BLOCK_SEQS >= num_seqs`` lanes,
+    scanned as a [BLOCK_SEQS / SCAN_COLS, SCAN_COLS] tile) instead of waiting on another
+    program, so there is no inter-program dependency; ``BLOCK_ROWS >= BLOCK_SEQS / 8`` bounds
+    the redundant scans by the row work. A row's sequence is the number of sequences whose
+    chunks end at or before it (``find_rows``), then ``t = row - chunk_offsets[seq]``: rows are
+    parallel, with no loop over a sequence's chunks.
+
+    Invariants callers rely on: rows are ordered by sequence then chunk with no gaps; a
+    zero-length sequence keeps its index and gets no rows; with PADDED, rows in ``[NT,
+    num_rows)`` are ``(pad_seq, PAD_CHUNK)`` and sequences in ``(N, seqs_out]`` repeat the last
+    offset (zero-length tails). Token counts fit int32 (host-validated)."""
+    seqs = seq_lanes(BLOCK_SEQS, SCAN_COLS)
+    real_seq = seqs < num_seqs
+    qsl = query_start_loc + first_seq
+    base = tl.load(qsl)
+    ends = tl.load(qsl + 1 + seqs, mask=real_seq, other=0)
+    starts = tl.load(qsl + seqs, mask=real_seq, other=0)
+    seq_chunks = ((ends - starts + ((1 << CHUNK_SHIFT) - 1)) >> CHUNK_SHIFT).to(tl.int32)
+    # chunk_offsets[i + 1]
+    chunk_ends, tile_ends, num_chunks = scan_counts(seq_chunks)
+
+    # cu_seqlens[1:] and chunk_offsets[1:]: each program stores its share of the sequences
+    # (every program has them all), so no program carries all N stores: at thousands of
+    # sequences that was faster than program 0 storing them all (bench/RESULTS.md, kernel sweeps)
+    share = (seqs_out + num_programs - 1) // num_programs
+    mine = (seqs >= pid * share) & (seqs < pid * share + share) & (seqs < seqs_out)
+    seq_ends = ends - base
+    offset_ends = chunk_ends
+    # the exact layout has seqs_out == num_seqs: no tail, so no NT (its reduction costs three
+    # barriers, and the compiler drops it when nothing here uses it)
+    if PADDED:  # tail sequences repeat (T, NT); the last entry may lie past the BLOCK_SEQS lanes
+        num_tokens = tl.load(qsl + num_seqs) - base
+        seq_ends = tl.where(real_seq, seq_ends, num_tokens)
+        offset_ends = tl.where(real_seq, offset_ends, num_chunks)
+        if pid == 0:
+            tl.store(cu_seqlens + seqs_out, num_tokens.to(tl.int32))
+            tl.store(chunk_offsets + seqs_out, num_chunks.to(tl.int64))
+    tl.store(cu_seqlens + 1 + seqs, seq_ends.to(tl.int32), mask=mine)
+    tl.store(chunk_offsets + 1 + seqs, offset_ends.to(tl.int64), mask=mine)
+    if WRITE_FIRST:  # fresh (uninitialized) outputs: the one-shot allocates without a memset launch
+        if pid == 0:
+            tl.store(cu_seqlens, 0)
+            tl.store(chunk_offsets, 0)
+
+    keys = tl.reshape(tl.where(real_seq, chunk_ends, 2147483647), [BLOCK_SEQS])
+    rows, seq, seq_start = find_rows(
+        keys, tile_ends, pid * BLOCK_ROWS, BLOCK_ROWS, ROW_GROUPS, LOG2_BLOCK_SEQS - LOG2_SCAN_COLS, LOG2_SCAN_COLS
+    )
+    chunk = rows - seq_start
+    if PADDED:
+        real_row = rows < num_chunks
+        seq = tl.where(real_row, seq, pad_seq)
+        chunk = tl.where(real_row, chunk, PAD_CHUNK)
+    if INDICES_64:  # int64 [num_rows, 2] (the ROCm Kimi-K3 helper's dtype for int64 cu_seqlens)
+        wide = chunk_indices.to(tl.pointer_type(tl.int64)) + 2 * rows
+        tl.store(wide, seq.to(tl.int64), mask=rows < num_rows)
+        tl.store(wide + 1, chunk.to(tl.int64), mask=rows < num_rows)
+    else:
+        store_pairs(chunk_indices, rows, seq, chunk, num_rows)
+
+
+@triton.jit
 def _entry(
     query_start_loc,
     num_computed_tokens,
@@ -223,9 +308,13 @@ def _entry(
     ROW_GROUPS: tl.constexpr,
 ):
     if KIND == 1:
-        OFFSETS: tl.constexpr = tl.int64 if FLAG != 0 else tl.int32
-        # runtime values, as fla_tables takes them (Triton 3.6 passes no bare ints to a jit function)
-        seqs_out = num_seqs * 0 + SEQS_PAD if PADDED else num_seqs
+        # FLAG's bits (chunkmeta.tables.FLA_*): int64 chunk_offsets, entry 0 written, int64 chunk_indices
+        OFFSETS: tl.constexpr = tl.int64 if (FLAG & 1) != 0 else tl.int32
+        WRITE_FIRST: tl.constexpr = (FLAG & 2) != 0
+        INDICES_64: tl.constexpr = (FLAG & 4) != 0
+        # runtime values, as fla_tables takes them (Triton 3.6 passes no bare ints to a jit function);
+        # a SEQS_PAD below 0 (a bounded build: padded rows, the slice's own sequences) pads no sequence
+        seqs_out = num_seqs * 0 + SEQS_PAD if PADDED and SEQS_PAD >= 0 else num_seqs
         pad_seq = num_seqs * 0 + PAD0
         fla_tables(
             query_start_loc,
@@ -248,9 +337,8 @@ def _entry(
             ROW_GROUPS,
             PADDED,
             PAD1,
-            True,
-            False,
-            False,
+            WRITE_FIRST,
+            INDICES_64,
         )
     else:
         _walk_entry(
@@ -394,20 +482,38 @@ def step_tables_kernel(
 class StepFill:
     """Launches ``step_tables_kernel`` for one builder's entries and layout.
 
-    Like ``chunkmeta.fill.triton_fill.TritonFill``: the first launch per input dtypes goes
-    through the JIT with tensors and compiles; later ones call the compiled kernel's launcher
-    directly with plain ints (CUDA only).
+    The first launch per input dtypes goes through Triton's JIT with tensors and compiles; it
+    keeps the compiled kernel, and later launches (CUDA only) call that kernel's launcher directly
+    with plain ints, skipping the JIT's per-call argument binding and cache lookup (tens of
+    microseconds of host time; ``CHUNKMETA_FAST_LAUNCH=0`` keeps the JIT path). Every scalar is
+    excluded from specialization, so one compiled kernel serves every step. ``plain_kernel``
+    hands the compiled kernel to ``chunkmeta.native``, whose C build launches it with no Python
+    in between.
     """
 
-    def __init__(self, *, entries: tuple, block_seqs: int, padded: bool, params_on_device: bool = False):
+    def __init__(
+        self,
+        *,
+        entries: tuple,
+        block_seqs: int,
+        padded: bool,
+        params_on_device: bool = False,
+        block_rows: int | None = None,
+        num_warps: int | None = None,
+        scan_cols: int | None = None,
+    ):
         if not 1 <= len(entries) <= MAX_ENTRIES:
             raise ValueError(f"a step has 1..{MAX_ENTRIES} kernel entries, got {len(entries)}")
         self.entries = tuple(tuple(e) for e in entries)
         self.block_seqs = next_pow2(max(block_seqs, 2))
-        # FLA's fill defaults (chunkmeta.fill.triton_fill.TritonFill), which the sweeps chose
-        self.block_rows = max(256 if self.block_seqs <= 512 else 512, self.block_seqs // 8)
-        self.num_warps = 4 if self.block_seqs <= 256 else 8 if self.block_seqs <= 2048 else 16
-        scan_cols = min(4 if self.block_seqs >= 1024 else 16, self.block_seqs)
+        # the fastest or tied shapes of the H200 kernel sweeps (kernel_sweep records in
+        # bench/results/runs.jsonl): 256-row programs up to 512 sequences, 512-row ones from 1024;
+        # 4 warps up to 256 sequences, 8 up to 2048, 16 above; scan tile rows 4 wide from 1024
+        # sequences, 16 wide below. block_seqs / 8 keeps the redundant per-program scans within
+        # 8x the row work. The overrides: tests/kernels/test_kernel.py's program boundaries
+        self.block_rows = block_rows or max(256 if self.block_seqs <= 512 else 512, self.block_seqs // 8)
+        self.num_warps = num_warps or (4 if self.block_seqs <= 256 else 8 if self.block_seqs <= 2048 else 16)
+        scan_cols = min(scan_cols or (4 if self.block_seqs >= 1024 else 16), self.block_seqs)
         self.constexprs = dict(
             ENTRIES=self.entries,
             PADDED=padded,
@@ -426,7 +532,7 @@ class StepFill:
 
     def plain_kernel(self, dtypes):
         """``(function handle, num_warps, shared bytes)`` for ``chunkmeta.native``'s step build
-        (``chunkmeta.fill.triton_fill.plain_launch``), or None."""
+        (``plain_launch``), or None."""
         return plain_launch(self._kernels.get(dtypes))
 
     def grid(self, rows: tuple[int, ...]) -> int:
@@ -487,3 +593,72 @@ class StepFill:
             if launcher is not None:
                 self._launchers[dtypes] = launcher
             self._device_index = device.index
+
+
+def _fast_launch_enabled() -> bool:
+    """The direct launcher path: on unless disabled, or unless a launch hook (a profiler such as
+    Triton's proton) is installed, since the direct path skips the hooks."""
+    if os.environ.get("CHUNKMETA_FAST_LAUNCH", "1") == "0" or os.environ.get("TRITON_INTERPRET"):
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:  # Triton < 3.4 keeps the hook on CompiledKernel
+        return getattr(triton.compiler.CompiledKernel, "launch_enter_hook", None) is None
+    hook = knobs.runtime.launch_enter_hook
+    # Triton 3.6 wraps hooks in a HookChain, empty unless something registered one.
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
+
+
+def plain_launch(kernel):
+    """``(function handle, num_warps, shared bytes)`` of a compiled Triton kernel when a plain
+    ``cuLaunchKernel`` launches it as Triton would (one CTA per program, no cooperative/PDL
+    launch, no scratch buffers); else None."""
+    if kernel is None:
+        return None
+    meta = kernel.metadata
+    plain = (
+        getattr(meta, "num_ctas", 1) == 1
+        and not getattr(meta, "launch_cooperative_grid", False)
+        and not getattr(meta, "launch_pdl", False)
+        and getattr(meta, "global_scratch_size", 0) == 0
+        and getattr(meta, "profile_scratch_size", 0) == 0
+        and _needs_no_scratch(getattr(kernel, "run", None))
+        and getattr(kernel, "function", None)
+    )
+    return (kernel.function, meta.num_warps, meta.shared) if plain else None
+
+
+def _needs_no_scratch(run) -> bool:
+    """Whether Triton's launcher for a kernel allocates no scratch buffers (an unknown launcher,
+    without the attributes, counts as needing them)."""
+    return getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+
+
+def _direct_launcher(kernel):
+    """How to launch a compiled kernel without the JIT: ``(callable, function, fixed args)``.
+
+    The compiled kernel's ``run(grid0, grid1, grid2, stream, function, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *args)`` is Triton's own launch entry (3.3 and
+    later). On Triton 3.6's ``CudaLauncher`` that Python wrapper only adds the cooperative/PDL
+    flags and two scratch buffers before calling its C ``launch``; when the kernel uses no
+    scratch, calling ``launch`` directly saves microseconds per build. Any other launcher
+    shape keeps ``run``. None when the kernel lacks what either needs.
+    """
+    import inspect
+
+    run = getattr(kernel, "run", None)
+    packed = getattr(kernel, "packed_metadata", None)
+    if run is None or packed is None:
+        return None
+    launch = getattr(run, "launch", None)
+    try:
+        wrapper = list(inspect.signature(type(run).__call__).parameters)
+    except (TypeError, ValueError):
+        wrapper = []
+    if (
+        launch is not None
+        and wrapper == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+        and _needs_no_scratch(run)
+    ):
+        fixed = (run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
+        return launch, kernel.function, fixed
+    return run, kernel.function, (packed, None, None, None)

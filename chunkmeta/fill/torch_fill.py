@@ -1,7 +1,7 @@
 """The device fill in vectorized torch ops: CPU tensors, and devices without Triton.
 
-Writes exactly the entries ``chunkmeta.fill.triton_fill.chunk_metadata_kernel`` writes, for
-every layout (``chunkmeta.layout``), from the device ``query_start_loc`` and host sizes only.
+Writes exactly what ``chunkmeta.fill.step_fill.step_tables_kernel``'s entries write, for every
+layout (``chunkmeta.layout``), from the device ``query_start_loc`` and host sizes only.
 A row's sequence is found with ``searchsorted`` over the chunk ends, so no op's output size
 depends on device values: nothing here synchronizes, and the bounded layout, whose NT the host
 does not know, works as the others do.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from chunkmeta.layout import Layout
-from chunkmeta.tables import BASE_PACKED, BASE_ZERO, CONV, FLA, LOGICAL, MAMBA2, TOKENS
+from chunkmeta.tables import BASE_PACKED, BASE_ZERO, CONV, FLA, FLA_WRITE_FIRST, LOGICAL, MAMBA2, TOKENS
 
 
 @torch.inference_mode()  # it writes tables, which are inference tensors (chunkmeta.ring.TABLE_MEMORY)
@@ -79,12 +79,15 @@ def fill_entry_torch(
     (``regions``: the entry's region tensors at ``off0 .. off3``, None where unused)."""
     kind, shift, _, base_kind, flag, _, _, _, _, seqs_pad, pad0, pad1 = entry
     n = num_seqs
-    seqs_out = seqs_pad if padded else n
+    seqs_out = seqs_pad if padded and seqs_pad >= 0 else n  # below 0: a bounded build's (SEQS_EXACT)
     if kind == FLA:
         cu, indices, offsets = regions[0], regions[1].view(-1, 2), regions[2]
         fill_torch(
             query_start_loc, cu, indices, offsets, first_seq, n, 1 << shift, Layout(seqs_out, num_rows, pad0, pad1)
         )
+        if flag & FLA_WRITE_FIRST:
+            cu[0] = 0
+            offsets[0] = 0
         return
     device = query_start_loc.device
     segment = query_start_loc[first_seq : first_seq + n + 1].to(torch.int64)

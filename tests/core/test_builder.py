@@ -195,25 +195,26 @@ def test_auto_backend_on_cpu_is_torch():
 def test_a_fill_that_fails_midway_retires_what_its_slot_held(monkeypatch):
     """A live object is never overwritten: a torch fill that raises partway through leaves the
     slot's earlier metadata dead, the other slot's live, and the builder working."""
-    from chunkmeta import builder as builder_module
+    from chunkmeta import step_builder as step_module
 
     b = ChunkMetadataBuilder(4, 256, chunk_size=64, device="cpu", backend="torch", ring_depth=2)
+    monkeypatch.setattr(b.step_builder(), "_c_step", None)  # the general path: the torch fill every build
     q = torch.tensor([0, 3, 200], dtype=torch.int32)
     first, second = b.build(q, q), b.build(q, q)
-    fill = builder_module.fill_torch
+    fill = step_module.fill_entry_torch
 
-    def fails(query_start_loc, cu, *args):
+    def fails(entry, query_start_loc, computed, checkpoints, regions, *args):
         with torch.inference_mode():  # as the torch fill writes (its tables are inference tensors)
-            cu[1:].fill_(-7)  # part of the slot written (entry 0 is never written), then the failure
+            regions[0][1:].fill_(-7)  # part of the slot written (entry 0 is never written), then the failure
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(builder_module, "fill_torch", fails)
+    monkeypatch.setattr(step_module, "fill_entry_torch", fails)
     with pytest.raises(RuntimeError, match="out of memory"):
         b.build(q, q)  # the slot of `first`
     assert not first.is_live and second.is_live
     with pytest.raises(ChunkMetaError, match="fill failed"):
         first.check_live()
-    monkeypatch.setattr(builder_module, "fill_torch", fill)
+    monkeypatch.setattr(step_module, "fill_entry_torch", fill)
     third = b.build(q, q)
     assert third.is_live and second.is_live
     assert third.cu_seqlens.tolist() == [0, 3, 200] and third.chunk_indices.tolist() == [

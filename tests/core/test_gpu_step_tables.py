@@ -141,11 +141,11 @@ def test_one_shot_exact_no_sync_one_kernel():
             assert [tuple(r) for r in md.chunk_indices.cpu().tolist()] == ref.chunk_indices
             assert md.chunk_offsets.cpu().tolist() == ref.chunk_offsets
     from chunkmeta import arena
-    from chunkmeta import builder as builder_module
+    from chunkmeta import one_shot as one_shot_module
 
     # after its first call per bucket, the one-shot's host side and launch run in C, into views
     # of one arena per stream
-    assert any(builder_module._ONE_SHOT_C.values()), builder_module._ONE_SHOT_C
+    assert any(one_shot_module._C["auto"].values()), one_shot_module._C
     assert {key[1] for key in arena._ARENAS} >= {side.cuda_stream, torch.cuda.current_stream().cuda_stream}
     qsl, first, n, _, _ = steps[0]
     q = torch.tensor(qsl, dtype=torch.int32)

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import torch
 
-from chunkmeta import jit, native
+from chunkmeta import jit, native, tables
 from chunkmeta.fill import cuda_fill
 
 NATIVE = dict(switch="CHUNKMETA_NATIVE", what="the compiled host build is off", libraries=("dl",))
@@ -281,9 +281,18 @@ class FakeNVRTC:
         return 0
 
 
+I32 = (torch.int32,) * 3  # the step fill's input dtypes
+
+
+def fla_fill(chunk_size: int, block_seqs: int, padded: bool) -> cuda_fill.CudaStepFill:
+    """The CUDA C step fill of one FLA table (ChunkMetadataBuilder's)."""
+    entries = tables.slot_layout({"fla": tables.Fla(chunk_size)}, block_seqs, 4096, "tail").entries
+    return cuda_fill.CudaStepFill(entries=entries, block_seqs=block_seqs, padded=padded)
+
+
 @pytest.fixture
 def on_a_gpu(monkeypatch):
-    """CudaFill.kernel as on a GPU, up to the load (which needs a driver)."""
+    """CudaStepFill.kernel as on a GPU, up to the load (which needs a driver)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(cuda_fill, "_modules", {})
     loads = []
@@ -296,7 +305,7 @@ def test_no_nvrtc_warns_once(monkeypatch, on_a_gpu, caplog):
     monkeypatch.setattr(jit, "_nvrtc_candidates", lambda: ["/nonexistent/libnvrtc.so.13"])
     assert jit.nvrtc_version() is None
     for block_seqs in (64, 128):  # two shapes, one warning
-        assert cuda_fill.CudaFill(chunk_size=64, block_seqs=block_seqs, padded=False).kernel(torch.int32, CUDA0) is None
+        assert fla_fill(64, block_seqs, False).kernel(I32, CUDA0) is None
     (message,) = warnings_of(caplog)
     assert "the CUDA C fill is off" in message and "no NVRTC" in message and "/nonexistent/libnvrtc.so.13" in message
     assert "Set CHUNKMETA_CUDA_FILL=0" in message
@@ -304,11 +313,11 @@ def test_no_nvrtc_warns_once(monkeypatch, on_a_gpu, caplog):
 
 
 def test_nvrtc_failing_reports_the_first_lines_of_its_log(monkeypatch, on_a_gpu, caplog):
-    log = "\n".join(f'chunk_metadata_fill.cu({i}): error: identifier "x{i}" is undefined' for i in range(1, 10))
+    log = "\n".join(f'step_tables_fill.cu({i}): error: identifier "x{i}" is undefined' for i in range(1, 10))
     monkeypatch.setattr(jit, "_libs", {"nvrtc": FakeNVRTC(log)})
-    assert cuda_fill.CudaFill(chunk_size=64, block_seqs=64, padded=True).kernel(torch.int64, CUDA0) is None
+    assert fla_fill(64, 64, True).kernel((torch.int64,) * 3, CUDA0) is None
     (message,) = warnings_of(caplog)
-    assert "NVRTC failed on chunk_metadata_fill.cu (error 6)" in message
+    assert "NVRTC failed on step_tables_fill.cu (error 6)" in message
     assert '"x1"' in message and '"x6"' in message and '"x7"' not in message
 
 
@@ -316,32 +325,32 @@ def test_the_cuda_fill_switch_turns_the_attempt_and_the_warning_off(monkeypatch,
     fake = FakeNVRTC("error")
     monkeypatch.setattr(jit, "_libs", {"nvrtc": fake})
     monkeypatch.setenv("CHUNKMETA_CUDA_FILL", "0")
-    assert cuda_fill.CudaFill(chunk_size=64, block_seqs=64, padded=False).kernel(torch.int32, CUDA0) is None
+    assert fla_fill(64, 64, False).kernel(I32, CUDA0) is None
     assert fake.compiles == 0 and warnings_of(caplog) == []
 
 
 def test_the_kernel_gets_its_source_and_header_and_the_cubin_is_cached(monkeypatch, tmp_path, on_a_gpu, caplog):
     fake = FakeNVRTC()
     monkeypatch.setattr(jit, "_libs", {"nvrtc": fake})
-    fill = cuda_fill.CudaFill(chunk_size=64, block_seqs=64, padded=False)
-    assert fill.kernel(torch.int32, CUDA0) == (1234, 2, 0)
+    fill = fla_fill(64, 64, False)
+    assert fill.kernel(I32, CUDA0) == (1234, 2, 0)
     assert fake.headers == [
-        (name.encode(), (jit.CSRC / name).read_bytes()) for name in ("chunk_fill.h", "row_search.h")
+        (name.encode(), (jit.CSRC / name).read_bytes()) for name in ("step_chunks.h", "row_search.h")
     ]
-    assert fake.source.endswith((jit.CSRC / "chunk_fill.cu").read_bytes())
-    assert b"#define QSL_T int\n" in fake.source and b"#define PAD_CHUNK 0\n" in fake.source
+    assert fake.source.endswith((jit.CSRC / "step_fill.cu").read_bytes())
+    assert b"#define QSL_T int\n" in fake.source and b"#define PADDED 0\n" in fake.source
     assert fake.options == [b"--gpu-architecture=sm_90", b"-default-device"]
     assert on_a_gpu == [b"CUBIN" + fake.source]
     (cubin,) = built(tmp_path / "cache")
-    assert cubin.startswith("chunk_metadata_fill_") and cubin.endswith(".cubin")
+    assert cubin.startswith("step_tables_fill_") and cubin.endswith(".cubin")
     # a new process (a fresh kernel table): the cubin from the cache, NVRTC not run again
     monkeypatch.setattr(cuda_fill, "_modules", {})
-    assert fill.kernel(torch.int32, CUDA0) == (1234, 2, 0)
+    assert fill.kernel(I32, CUDA0) == (1234, 2, 0)
     assert fake.compiles == 1 and on_a_gpu[1] == on_a_gpu[0]
     # another shape or another NVRTC: another cubin
-    cuda_fill.CudaFill(chunk_size=32, block_seqs=64, padded=False).kernel(torch.int32, CUDA0)
+    fla_fill(32, 64, False).kernel(I32, CUDA0)
     fake.version = (13, 1)
     monkeypatch.setattr(cuda_fill, "_modules", {})
-    fill.kernel(torch.int32, CUDA0)
+    fill.kernel(I32, CUDA0)
     assert fake.compiles == 3 and len(built(tmp_path / "cache")) == 3
     assert warnings_of(caplog) == []

@@ -1,20 +1,20 @@
-"""The Triton fill at block sizes far below the launchers' defaults, so that program boundaries
-fall everywhere: on a sequence's first chunk, inside a long sequence, right after zero-length
-sequences, at the last row. On CPU this runs under Triton's interpreter; tests/core/test_gpu.py runs
-the default shapes on CUDA."""
+"""The Triton step kernel's FLA entry at block sizes far below the launchers' defaults, so that
+program boundaries fall everywhere: on a sequence's first chunk, inside a long sequence, right
+after zero-length sequences, at the last row. On CPU this runs under Triton's interpreter;
+tests/core/test_gpu.py runs the default shapes on CUDA."""
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkmeta import reference
+from chunkmeta import reference, tables
 from chunkmeta.workloads import from_lengths
 from strategies import CHUNK_SIZES, batches
 
 pytest.importorskip("triton")
 
-from chunkmeta.fill.triton_fill import TritonFill
+from chunkmeta.fill.step_fill import StepFill
 
 CAPACITY = 64
 
@@ -25,34 +25,43 @@ def run_fill(batch, chunk_size, block_rows, padded, pad_seq=0, scan_cols=1, capa
     # the builder's padded sequence counts: max_num_seqs + 1 ("tail"), max_num_seqs ("negative")
     seqs_out = (capacity if pad_seq < 0 else capacity + 1) if padded else ref.num_seqs
     rows_out = ref.num_chunks + 2 * (block_rows or 256) + 3 if padded else ref.num_chunks
-    # stale values from an earlier step must not leak into this one, and nothing past the
-    # sizes may be written
-    cu = torch.full((capacity + 4,), 7, dtype=torch.int32)
+    # one arena: cu_seqlens, chunk_offsets, chunk_indices, each with room past its sizes. Stale
+    # values from an earlier step must not leak into this one, and nothing past the sizes may
+    # be written
+    seq_bytes, row_bytes = 8 * (capacity + 4), 8 * (rows_out + 5)
+    arena = torch.zeros(3 * seq_bytes + row_bytes, dtype=torch.uint8)
+    cu = arena[:seq_bytes].view(torch.int32)[: capacity + 4]
+    offsets = arena[seq_bytes : 2 * seq_bytes].view(torch.int64)
+    indices = arena[2 * seq_bytes : 2 * seq_bytes + row_bytes].view(torch.int32).view(-1, 2)
+    cu.fill_(7)
     cu[0] = 0
-    indices = torch.full((rows_out + 5, 2), 99, dtype=torch.int32)
-    offsets = torch.full((capacity + 4,), 7, dtype=torch.int64)
+    offsets.fill_(7)
     offsets[0] = 0
-    fill = TritonFill(
-        chunk_size=chunk_size,
+    indices.fill_(99)
+    entry = tables.Entry(
+        tables.FLA,
+        chunk_size.bit_length() - 1,
+        0,
+        tables.BASE_ZERO,
+        tables.FLA_OFFSETS_64,
+        0,
+        2 * seq_bytes,
+        seq_bytes,
+        tables.UNUSED,
+        seqs_out,
+        pad_seq,
+        0,
+    )
+    fill = StepFill(
+        entries=(entry,),
         block_seqs=capacity,
         padded=padded,
-        params_on_device=False,
         block_rows=block_rows,
         num_warps=num_warps,
         scan_cols=scan_cols,
     )
-    fill(
-        qsl,
-        torch.zeros(2, dtype=torch.int32),
-        cu,
-        indices,
-        offsets,
-        batch.first_seq,
-        ref.num_seqs,
-        rows_out,
-        seqs_out,
-        pad_seq,
-    )
+    ints = (batch.first_seq, ref.num_seqs, 0, rows_out, 0, 0, 0, 0, 0)
+    fill(qsl, qsl, qsl, arena, ints)
     if padded:
         ref = reference.padded_chunk_metadata(
             batch.query_start_loc, chunk_size, seqs_out, rows_out, pad_seq, batch.first_seq, batch.num_seqs

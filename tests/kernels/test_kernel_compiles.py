@@ -10,7 +10,7 @@ Triton's compiler differs between versions (3.6 asserts on a warp-local gather t
 compiles), and engines ship older Tritons than the newest one `make test` installs:
 `make test-triton-compat` runs this file under Triton 3.6 too.
 
-The CUDA C fill (``chunkmeta.fill.cuda_fill``) is compiled here too, by NVRTC, in every launch shape
+The CUDA C step fill (``chunkmeta.fill.cuda_fill``) is compiled here too, by NVRTC, in every launch shape
 its builder and the sweep use. NVRTC is not part of `make test`'s venv (the CPU torch does not
 need it); `make test-triton-compat` installs the nvidia-cuda-nvrtc wheel of CUDA 13.0, the one
 torch 2.11's CUDA 13.0 build depends on, and requires it.
@@ -23,42 +23,45 @@ import sys
 import pytest
 
 SCRIPT = r"""
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from chunkmeta.fill.triton_fill import TritonFill, chunk_metadata_kernel
+from chunkmeta import tables
+from chunkmeta.fill.step_fill import StepFill, step_tables_kernel
 
-signature = {"query_start_loc": "*i32", "step_params": "*i32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
-             "chunk_offsets": "*i64", "first_seq": "i32", "num_seqs": "i32", "num_rows": "i32", "seqs_out": "i32",
-             "pad_seq": "i32"}
+step_ints = ("first_seq", "num_seqs", "batch_seqs", "rows0", "rows1", "rows2", "rows3", "rows4", "rows5")
+step_signature = {"query_start_loc": "*i32", "num_computed_tokens": "*i64", "checkpoint_offsets": "*i32",
+                  "arena": "*u8", "step_params": "*i32", **{name: "i32" for name in step_ints}}
 def compile(fill):
-    full = dict(signature, **{name: "constexpr" for name in fill.constexprs})
-    return triton.compile(ASTSource(chunk_metadata_kernel, full, dict(fill.constexprs)),
+    full = dict(step_signature, **{name: "constexpr" for name in fill.constexprs})
+    return triton.compile(ASTSource(step_tables_kernel, full, dict(fill.constexprs)),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": fill.num_warps})
 
-# capacities giving each block shape the launchers choose, in every layout they use
+# one FLA entry (ChunkMetadataBuilder's, its graph mode's, a bounded build's, the one-shot's) at
+# capacities giving each block shape the launchers choose
 for capacity in (64, 1024, 4096):
-    for padded, params_on_device in ((False, False), (True, False), (True, True)):
-        fill = TritonFill(chunk_size=64, block_seqs=capacity, padded=padded, params_on_device=params_on_device)
-        print("compiled", capacity, padded, params_on_device, fill.block_rows, compile(fill).metadata.num_warps)
-# shapes the sweep tries: row groups wider and narrower than the row search's coarse ends
+    fla = tables.slot_layout({"fla": tables.Fla(64)}, capacity, 65536, "negative").entries
+    for entries, padded, on_device in ((fla, False, False), (fla, True, False), (fla, True, True),
+                                       (tables.bounded_entries(fla), True, False)):
+        fill = StepFill(entries=entries, block_seqs=capacity, padded=padded, params_on_device=on_device)
+        print("compiled fla", capacity, padded, on_device, fill.block_rows, compile(fill).metadata.num_warps)
+    for indices_dtype in (torch.int32, torch.int64):
+        entry = tables.one_shot_layout(64, capacity, indices_dtype).entry
+        compile(StepFill(entries=(entry,), block_seqs=capacity, padded=False))
+        print("compiled one-shot", capacity, indices_dtype)
+# shapes the sweeps tried: row groups wider and narrower than the row search's coarse ends
+fla = tables.slot_layout({"fla": tables.Fla(64)}, 256, 8192, "tail").entries
 for block_rows, num_warps, scan_cols in ((128, 4, 16), (512, 16, 64), (128, 16, 1), (512, 4, 4)):
-    fill = TritonFill(chunk_size=64, block_seqs=256, padded=False, params_on_device=False, block_rows=block_rows,
-                      num_warps=num_warps, scan_cols=scan_cols)
-    compile(fill)
+    compile(StepFill(entries=fla, block_seqs=256, padded=False, block_rows=block_rows, num_warps=num_warps,
+                     scan_cols=scan_cols))
     print("compiled", 256, block_rows, num_warps, scan_cols)
 
 # the step kernel (chunkmeta.fill.step_fill): every entry kind, in both layouts, at three capacities,
 # with int64 per-row inputs where an engine passes them
-from chunkmeta import tables
-from chunkmeta.fill.step_fill import StepFill, step_tables_kernel
-
-specs = {"fla": tables.Fla(64), "fla_batch": tables.Fla(64, rows="batch", offsets_dtype=__import__("torch").int32),
+specs = {"fla": tables.Fla(64), "fla_batch": tables.Fla(64, rows="batch", offsets_dtype=torch.int32),
          "conv": tables.Conv(), "mamba2": tables.Mamba2(chunk_size=256, checkpoints=True),
          "sglang": tables.SglangMamba2(chunk_size=64)}
-step_ints = ("first_seq", "num_seqs", "batch_seqs", "rows0", "rows1", "rows2", "rows3", "rows4", "rows5")
-step_signature = {"query_start_loc": "*i32", "num_computed_tokens": "*i64", "checkpoint_offsets": "*i32",
-                  "arena": "*u8", "step_params": "*i32", **{name: "i32" for name in step_ints}}
 for capacity in (64, 1024, 4096):
     entries = tables.slot_layout(specs, capacity, 65536, "tail").entries
     for padded, on_device in ((False, False), (True, False), (True, True)):
@@ -99,22 +102,34 @@ def test_compiles_for_sm90():
         # a Triton without the CUDA toolchain or these entry points; a failing compile still fails
         cannot_compile(f"this Triton cannot compile for sm_90 here: {done.stderr[-600:]}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 23, done.stdout
+    assert done.stdout.count("compiled") == 3 * 6 + 4 + 3 * 3 + 1, done.stdout
 
 
-def test_cuda_fill_compiles_for_sm90():
+def test_cuda_fla_fills_compile_for_sm90():
+    """The CUDA C step fill of one FLA entry, by NVRTC, in every launch shape its builders and the
+    sweep use: ChunkMetadataBuilder's layouts, a bounded build's, the one-shot's buckets."""
+    import torch
+
+    from chunkmeta import tables
     from chunkmeta.fill import cuda_fill
 
     if cuda_fill.nvrtc_version() is None:
         cannot_compile("no NVRTC here (make test-triton-compat installs it)")
-    shapes = [dict(block_seqs=capacity) for capacity in (1, 64, 200, 256, 1000, 1024, 2048, 4096, 8192)]
-    shapes += [dict(block_seqs=1024, threads=64, block_rows=1024), dict(block_seqs=256, threads=1024, block_rows=1024)]
-    for shape in shapes:
-        for padded in (False, True):
-            fill = cuda_fill.CudaFill(chunk_size=64, padded=padded, **shape)
-            for qsl_t in ("int", "long long"):
-                cubin = cuda_fill.compile_cubin(cuda_fill._source(qsl_t, fill.defines), (9, 0))
-                assert cubin[:4] == b"\x7fELF", shape
+    for capacity in (1, 64, 200, 1024, 4096, 8192):
+        fla = tables.slot_layout({"fla": tables.Fla(64)}, capacity, 65536, "past_end").entries
+        one_shot = [
+            (tables.one_shot_layout(64, max(16, capacity), dtype).entry,) for dtype in (torch.int32, torch.int64)
+        ]
+        for entries, padded in (
+            (fla, False),
+            (fla, True),
+            (tables.bounded_entries(fla), True),
+            *[(e, False) for e in one_shot],
+        ):
+            fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=padded)
+            for dtype in (torch.int32, torch.int64):
+                cubin = cuda_fill.compile_step_cubin(fill.source((dtype,) * 3), (9, 0))
+                assert cubin[:4] == b"\x7fELF", (capacity, padded, dtype)
 
 
 def test_cuda_step_fill_compiles_for_sm90():

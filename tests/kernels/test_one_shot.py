@@ -1,6 +1,6 @@
-"""The one-shot build: fresh outputs from the arena (``chunkmeta.arena``), one launch writing
-every entry, a kernel per bucket of sequences compiled once per process (the Triton kernel
-under the interpreter on CPU)."""
+"""The one-shot build: fresh outputs from the arena (``chunkmeta.arena``), one launch of the step
+kernel's FLA entry writing every entry, a kernel per bucket of sequences compiled once per
+process (the Triton kernel under the interpreter on CPU), and its C build (the CPU's C fill)."""
 
 import pytest
 import torch
@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checks import assert_exact, tensors_for
-from chunkmeta import build_chunk_metadata, reference
-from chunkmeta import builder as builder_module
-from chunkmeta.fill.triton_fill import TritonFill
+from chunkmeta import build_chunk_metadata, reference, tables
+from chunkmeta import one_shot as one_shot_module
 from chunkmeta.workloads import from_lengths
 from strategies import CHUNK_SIZES, batches, host_offsets
 
@@ -37,49 +36,57 @@ def test_int64_indices(backend):
     assert md.chunk_offsets.tolist() == ref.chunk_offsets and md.cu_seqlens.tolist() == ref.cu_seqlens
 
 
-def test_write_first_fills_fresh_memory():
+@pytest.mark.parametrize("indices_dtype", [torch.int32, torch.int64])
+def test_write_first_fills_fresh_memory(indices_dtype):
     """The one-shot's outputs are not zeroed (arena memory): the fill itself writes entry 0."""
+    pytest.importorskip("triton")
+    from chunkmeta.fill.step_fill import StepFill
+
     qsl = torch.tensor([0, 3, 100], dtype=torch.int32)
-    fill = TritonFill(chunk_size=64, block_seqs=16, padded=False, params_on_device=False, write_first=True)
-    cu = torch.full((3,), -7, dtype=torch.int32)
-    offsets = torch.full((3,), -7, dtype=torch.int64)
-    indices = torch.full((3, 2), -7, dtype=torch.int32)
-    fill(qsl, qsl, cu, indices, offsets, 0, 2, 3, 2, 0)
+    layout = tables.one_shot_layout(64, 16, indices_dtype)
+    fill = StepFill(entries=(layout.entry,), block_seqs=16, padded=False)
+    region = torch.full((layout.indices_at + 3 * 16,), 0xF9, dtype=torch.uint8)  # -7 in every byte
+    fill(qsl, qsl, qsl, region, (0, 2, 0, 3, 0, 0, 0, 0, 0))
+    cu = region[:12].view(torch.int32)
+    offsets = region[layout.offsets_at : layout.offsets_at + 24].view(torch.int64)
+    width = 16 if indices_dtype == torch.int64 else 8
+    indices = region[layout.indices_at : layout.indices_at + 3 * width].view(indices_dtype).view(-1, 2)
     assert cu.tolist() == [0, 3, 100] and offsets.tolist() == [0, 1, 3]
     assert indices.tolist() == [[0, 0], [1, 0], [1, 1]]
 
 
-def test_results_stay_exact_while_later_builds_run(monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_results_stay_exact_while_later_builds_run(monkeypatch, backend):
     """Each result owns its memory: later one-shots, past several of the arena's blocks, leave it
-    as it was built."""
+    as it was built (torch: the C build's own fill after the first)."""
     from chunkmeta import arena
 
-    monkeypatch.setitem(arena._ARENAS, (-1, 0, torch.int32), arena.Arena(-1, torch.int32, block_entries=24))
+    monkeypatch.setitem(arena._ARENAS, (-1, 0), arena.Arena(-1, block_bytes=512, host_entries=24))
     batches = [from_lengths(lengths) for lengths in ([5], [70, 1, 0, 3], [130], [1] * 9, [64, 65], [0, 0, 7])] * 4
-    kept = [build_chunk_metadata(*tensors_for(b), backend="triton") for b in batches]
-    assert arena._ARENAS[(-1, 0, torch.int32)].blocks_made > 4
+    kept = [build_chunk_metadata(*tensors_for(b), backend=backend) for b in batches]
+    assert arena._ARENAS[(-1, 0)].blocks_made > 4
     for md, batch in zip(kept, batches, strict=True):
         assert_exact(md, batch, 64)
 
 
 def test_general_path_without_the_compiled_host_build(monkeypatch):
-    """After a CUDA one-shot, the fills' table holds None where the C launch is off; without the
-    extension the one-shot still takes the general path (the C one is never asked)."""
+    """Without the extension the one-shot takes the general path (the C one is never asked),
+    also where an earlier build registered its key."""
     from chunkmeta import native
 
     monkeypatch.setattr(native, "module", lambda: None)
-    monkeypatch.setitem(builder_module._ONE_SHOT_C, (64, 16, torch.int32, torch.int32), None)
+    monkeypatch.setitem(one_shot_module._C["torch"], (64, 16, torch.int32, torch.int32, -1), None)
     batch = from_lengths([5, 65])
-    assert_exact(build_chunk_metadata(*tensors_for(batch), backend="triton"), batch, 64)
+    assert_exact(build_chunk_metadata(*tensors_for(batch), backend="torch"), batch, 64)
 
 
 def test_kernel_compiled_once_per_bucket():
-    builder_module._ONE_SHOT_FILLS.clear()
+    one_shot_module._FILLS.clear()
     for lengths in ([5], [5, 6, 7], [1] * 16, [9] * 17, [3] * 30):
         batch = from_lengths(lengths)
         build_chunk_metadata(*tensors_for(batch), backend="triton")
     # 1, 3 and 16 sequences share the 16-lane bucket, 17 and 30 the 32-lane one
-    assert sorted(key[1] for key in builder_module._ONE_SHOT_FILLS) == [16, 32]
+    assert sorted(key[1] for key in one_shot_module._FILLS) == [16, 32]
 
 
 def test_bad_indices_dtype():
@@ -90,23 +97,37 @@ def test_bad_indices_dtype():
 
 @settings(max_examples=300, deadline=None)
 @given(host=host_offsets(max_seqs=40), first=st.integers(0, 3), num_seqs=st.none() | st.integers(0, 40))
-def test_c_plan_agrees_with_the_plan(host, first, num_seqs):
-    """The one-shot's C plan (used on CUDA) takes exactly the steps the Python plan takes, with
-    the same sizes and host copy, and refuses the rest (which the general path then diagnoses)."""
-    from chunkmeta import native, plan
+def test_c_one_shot_agrees_with_the_plan(host, first, num_seqs):
+    """The one-shot's C build (the CPU's: its plan, the arena, the C fill, the result) takes
+    exactly the steps the Python plan takes, with the same tables, and refuses the rest (which the
+    general path then diagnoses)."""
+    from chunkmeta import arena, native, plan
 
     module = native.module()
     if module is None:
         pytest.skip("no compiled host build here")
-    widest = plan.Capacity(plan.MAX_NUM_SEQS, plan.INT32_MAX - 64, plan.INT32_MAX // 64)
+    for dtype in (torch.int32, torch.int64):  # registers the 16-lane bucket's C build
+        build_chunk_metadata(*tensors_for(from_lengths([3]), dtype=dtype), backend="torch")
+    kernels = one_shot_module._C["torch"]
+    assert any(kernels.values()), kernels
     tensor = torch.from_numpy(host)
-    n = host.shape[0] - 1 - first if num_seqs is None else num_seqs
-    cu = torch.full((max(n, 0) + 1,), -7, dtype=torch.int32)
-    out = module.oneshot_plan(*plan.plain_host_tensor(tensor), first, num_seqs, 6, cu.data_ptr(), cu.shape[0])
+    out = module.oneshot(kernels, arena.arena(-1, 0), tensor, tensor, first, num_seqs, 64, torch.int32, -1, 0)
+    widest = plan.Capacity(plan.MAX_NUM_SEQS, plan.INT32_MAX - 64, plan.INT32_MAX // 64)
     try:
         step = plan.plan_step(host, first, num_seqs, 64, widest)
     except ValueError:
         assert out == -1
         return
-    assert out == (step.num_seqs, step.num_tokens, step.num_chunks, step.max_seqlen)
-    assert cu.tolist() == (step.segment - step.segment[0]).tolist()
+    if step.num_seqs > 16:  # another bucket, not registered: the general path builds it
+        assert out == -1
+        return
+    ref = reference.chunk_metadata(host.tolist(), 64, first, step.num_seqs)
+    assert (out.num_seqs, out.num_tokens, out.num_chunks, out.max_seqlen) == (
+        step.num_seqs,
+        step.num_tokens,
+        step.num_chunks,
+        step.max_seqlen,
+    )
+    assert out.cu_seqlens.tolist() == ref.cu_seqlens == out.cu_seqlens_cpu.tolist()
+    assert out.chunk_offsets.tolist() == ref.chunk_offsets
+    assert [tuple(r) for r in out.chunk_indices.tolist()] == ref.chunk_indices

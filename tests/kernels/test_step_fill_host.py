@@ -12,32 +12,34 @@ capacities with one to many sequences per thread. Without a C++20 compiler every
 """
 
 import functools
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
 import torch
-from test_cuda_fill_host import SUPPORT, compile_harness, cxx
 
 from checks import assert_step_tables
-from chunkmeta import StepTablesBuilder, jit
+from chunkmeta import StepTablesBuilder, jit, layout, reference, tables
 from chunkmeta.fill import cuda_fill
+from chunkmeta.fill.torch_fill import fill_entry_torch
+from host_harness import SUPPORT, compile_harness, cxx
 from strategies import STEP_SPECS, STEP_SPECS_B, random_step
 
 HARNESS = SUPPORT / "step_host.cpp"
 
 
 @functools.cache
-def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str]):
+def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str], csrc=jit.CSRC):
     compiler = cxx()
     fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=padded)
     names = ("QSL_T", "COMP_T", "CKPT_T")
     defines = [f"-D{name}={value}" for name, value in (*zip(names, types, strict=True), *fill.defines)]
-    flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{jit.CSRC}", f"-I{SUPPORT}", *defines, str(HARNESS)]
+    flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{csrc}", f"-I{SUPPORT}", *defines, str(HARNESS)]
     inputs = [
-        jit.CSRC / "step_fill.cu",
-        jit.CSRC / "step_chunks.h",
-        jit.CSRC / cuda_fill.ROW_SEARCH,
+        csrc / "step_fill.cu",
+        csrc / "step_chunks.h",
+        csrc / cuda_fill.ROW_SEARCH,
         HARNESS,
         SUPPORT / "cuda_host.h",
         SUPPORT / "step_host_main.h",
@@ -94,3 +96,87 @@ def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):
     got = run_cases(binary, cases)
     for case, want, have in zip(cases, expected, got, strict=True):
         assert have == want, case
+
+
+def fla_cases(entry, capacity: int, tokens: int, count: int, seed: int, bounded=False, dtype=torch.int32):
+    """``count`` random steps as harness cases for one FLA entry, with the arena the torch fill
+    writes for each (from zero, as the harness's): exact rows, or a bounded build's bound."""
+    rng = np.random.default_rng(seed)
+    shift, off_cu, off_rows, off_offsets = entry.shift, entry.off0, entry.off1, entry.off2
+    rows_at = 16 if entry.flag & tables.FLA_INDICES_64 else 8
+    cases, expected = [], []
+    for _ in range(count):
+        qsl, first, n, _, _ = random_step(rng, capacity, tokens)
+        ref = reference.chunk_metadata(qsl, 1 << shift, first, n)
+        rows = layout.chunk_row_bound(n, tokens, 1 << shift) if bounded else ref.num_chunks
+        size = off_rows + rows_at * max(rows, 1) + 16 * (capacity + 2)
+        arena = torch.zeros(size, dtype=torch.uint8)
+        seqs = capacity + 2
+        regions = (
+            arena[off_cu : off_cu + 4 * seqs].view(torch.int32),
+            arena[off_rows : off_rows + rows_at * rows].view(torch.int64 if rows_at == 16 else torch.int32),
+            arena[off_offsets : off_offsets + 8 * seqs].view(torch.int64 if entry.flag & 1 else torch.int32),
+            None,
+        )
+        q = torch.tensor(qsl, dtype=dtype)
+        fill_entry_torch(entry, q, q, q, regions, first, n, rows, bounded)
+        cases.append((qsl, [], [], first, n, len(qsl) - 1, (rows,), size))
+        expected.append(arena.numpy().tobytes())
+    return cases, expected
+
+
+@pytest.mark.parametrize("pad", [None, *layout.PADS])
+@pytest.mark.parametrize("offsets_dtype", [torch.int64, torch.int32])
+def test_fla_layouts_equal_the_torch_fill(pad, offsets_dtype):
+    """ChunkMetadataBuilder's layouts (one Fla entry: exact and every padding) and both
+    chunk_offsets dtypes."""
+    capacity, tokens = 40, 3000
+    spec = {"fla": tables.Fla(64, offsets_dtype=offsets_dtype)}
+    builder = StepTablesBuilder(
+        capacity, tokens, tables=spec, device="cpu", backend="torch", ring_depth=1, pad=pad or "tail"
+    )
+    fill, binary = host_binary(builder.layout.entries, capacity, pad is not None, ("int", "int", "int"))
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        qsl, first, n, _, _ = random_step(rng, capacity, tokens)
+        q = torch.tensor(qsl, dtype=torch.int32)
+        with torch.inference_mode():
+            builder.ring.arena.zero_()
+        builder.build(q, q, first_seq=first, num_seqs=n, padded=pad is not None)
+        rows = builder.layout.rows_pad if pad else builder.plan_host(q.numpy(), first, n, None, None)[1]
+        arena = builder.ring.arena[0].numpy().tobytes()
+        (got,) = run_cases(binary, [(qsl, [], [], first, n, len(qsl) - 1, rows, len(arena))])
+        assert got == arena, (qsl, first, n)
+
+
+@pytest.mark.parametrize("indices_dtype", [torch.int32, torch.int64])
+def test_the_one_shot_entry_equals_the_torch_fill(indices_dtype):
+    """The one-shot's entry: entry 0 written, int64 chunk_offsets, int32 or int64 chunk_indices."""
+    entry = tables.one_shot_layout(64, 32, indices_dtype).entry
+    _, binary = host_binary((entry,), 32, False, ("int", "int", "int"))
+    cases, expected = fla_cases(entry, 32, 2000, 20, seed=3)
+    assert run_cases(binary, cases) == expected
+
+
+def test_a_bounded_entry_equals_the_torch_fill():
+    """A bounded build's entry (SEQS_EXACT): padded rows up to the bound, the slice's own sequences."""
+    entries = tables.slot_layout({"fla": tables.Fla(64)}, 40, 3000, "past_end").entries
+    (entry,) = tables.bounded_entries(entries)
+    _, binary = host_binary((entry,), 40, True, ("int", "int", "int"))
+    cases, expected = fla_cases(entry, 40, 3000, 20, seed=5, bounded=True)
+    assert run_cases(binary, cases) == expected
+
+
+def test_the_harness_catches_a_wrong_kernel(tmp_path):
+    """The check is not vacuous: step_fill.cu with its row search off by one (``<`` for ``<=``
+    in row_search.h), found first on the include path, fails."""
+    real = (jit.CSRC / cuda_fill.ROW_SEARCH).read_text()
+    broken = real.replace("const bool in_a = a <= r", "const bool in_a = a < r")
+    assert broken != real
+    (tmp_path / cuda_fill.ROW_SEARCH).write_text(broken)
+    for name in ("step_fill.cu", "step_chunks.h"):
+        shutil.copy(jit.CSRC / name, tmp_path / name)
+    entry = tables.one_shot_layout(64, 32, torch.int32).entry
+    _, binary = host_binary((entry,), 32, False, ("int", "int", "int"), csrc=tmp_path)
+    cases, expected = fla_cases(entry, 32, 2000, 8, seed=3)
+    assert run_cases(binary, cases) != expected

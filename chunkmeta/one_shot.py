@@ -151,7 +151,11 @@ def _make_steps(backend: str, layout, key: tuple, device: torch.device):
 
     dtypes = (qsl_dtype,) * 3
     candidates = []
-    cuda = CudaStepFill(entries=(layout.entry,), block_seqs=lanes, padded=False)
+    # one row per thread, as the one-table CUDA fill had it: with the step fill's 256 rows per
+    # program (8 per thread at these buckets' 32 threads) the one-shot of 1 x 192k took 2.83 us of
+    # device time on the H200 against that fill's 2.23 (gpu_compare@2026-12-03T13:24:40Z, 13:25:34Z)
+    threads = CudaStepFill(entries=(layout.entry,), block_seqs=lanes, padded=False).threads
+    cuda = CudaStepFill(entries=(layout.entry,), block_seqs=lanes, padded=False, block_rows=threads)
     kernel = cuda.kernel(dtypes, device)
     if kernel is not None:
         candidates.append((*kernel, cuda.block_rows))

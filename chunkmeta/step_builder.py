@@ -473,6 +473,8 @@ class StepTablesBuilder:
 
     def _fill_slot(self, query_start_loc, computed, checkpoints, slot, facts, rows, padded, bounded=False) -> None:
         entries = self._bounded_entries if bounded else self.layout.entries
+        if not (padded or any(rows) or facts.num_seqs or (self.needs_batch and facts.batch_seqs)):
+            return  # nothing to write (an empty prefill of FLA tables): as the C build, no launch
         if self.backend == "torch":
             for entry, offsets, num_rows in zip(entries, self._entry_regions, rows, strict=True):
                 first, n = (facts.first_seq, facts.num_seqs) if entry.slice == 0 else (0, facts.batch_seqs)

@@ -303,7 +303,13 @@ int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject
    three tensors' is64 flags, which the CPU fill reads). 0, or the CUresult of a failed launch
    (then no host copy is written). */
 int step_launch(const Steps *st, const StepPlan *p, const long long *d, uint64_t arena, int32_t *const *cu_hosts) {
-  if (st->function) {
+  /* an exact layout with no row and no sequence to write (an empty prefill of FLA tables) launches
+     nothing: entry 0 of cu_seqlens / chunk_offsets is already 0, unless fresh outputs need it */
+  int writes = st->padded;
+  for (int j = 0; j < st->entries; j++)
+    writes |= p->rows[j] > 0 || (st->slice[j] == 1 ? p->requests : p->n) > 0 ||
+              (st->kind[j] == FLA && (st->flag[j] & FLA_WRITE_FIRST));
+  if (writes && st->function) {
     uint64_t ptrs[5] = {(uint64_t)d[0], (uint64_t)d[1], (uint64_t)d[2], arena, (uint64_t)d[0]};
     int32_t scalars[9] = {(int32_t)p->first, (int32_t)p->n, (int32_t)p->requests, 0, 0, 0, 0, 0, 0};
     unsigned grid = 0; /* entries' program ranges as the kernel computes them */
@@ -323,7 +329,7 @@ int step_launch(const Steps *st, const StepPlan *p, const long long *d, uint64_t
                         NULL);
     Py_END_ALLOW_THREADS
     if (err) return err;
-  } else if (st->cpu_fill) {
+  } else if (writes && st->cpu_fill) {
     for (int j = 0; j < st->entries; j++) {
       int whole = st->slice[j] == 1;
       int64_t sfirst = whole ? 0 : p->first, sn = whole ? p->requests : p->n;

@@ -38,8 +38,11 @@ MAMBA_BACKENDS = (
     ("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionBackend"),
     ("vllm.v1.attention.backends.short_conv_attn", "ShortConvAttentionBackend"),
 )
+GDN_MODULE = "vllm.v1.attention.backends.gdn_attn"
+GDN_BACKEND = "GDNAttentionBackend"
+GDN_BUILDER = "GDNAttentionMetadataBuilder"
 # the modules whose build() calls compute_causal_conv1d_metadata by name
-CONV_MODULES = ("vllm.v1.attention.backends.gdn_attn", "vllm.v1.attention.backends.mamba_attn")
+CONV_MODULES = (GDN_MODULE, "vllm.v1.attention.backends.mamba_attn")
 CONV_FUNCTION = "compute_causal_conv1d_metadata"
 CONV_PARAMS = ("query_start_loc_p_cpu", "device")
 HOOK = "_build_chunk_metadata"
@@ -77,15 +80,35 @@ class VllmApi:
         return tuple(b for b in (self.gdn_backend, self.kimi_rocm_backend) if b is not None)
 
 
+@attrs.frozen
+class VllmModules:
+    """Where the classes and functions the adapter patches live, by module name: what
+    ``install()`` wires when vLLM imports each module (tests name stand-ins). ``gdn`` holds
+    ``GDNAttentionBackend`` and ``GDNAttentionMetadataBuilder``; ``conv``: modules whose
+    ``compute_causal_conv1d_metadata`` chunkmeta answers; ``mamba``: ``(module, backend class)``
+    of the Mamba family; the Kimi-K3 modules hold their backends (NVIDIA's also calls the conv
+    function by name)."""
+
+    gdn: str = GDN_MODULE
+    conv: tuple[str, ...] = CONV_MODULES
+    mamba: tuple[tuple[str, str], ...] = MAMBA_BACKENDS
+    kimi_rocm: str | None = KIMI_ROCM_MODULE
+    kimi_nvidia: str | None = KIMI_NVIDIA_MODULE
+
+
+MODULES = VllmModules()
+
+
 def vllm_version() -> str | None:
     return distribution_version("vllm")
 
 
 def load_vllm_api() -> VllmApi:
-    """The running vLLM's classes. Imports ``gdn_attn`` (safe in any vLLM process), never the
-    Kimi-K3 ROCm module: it imports vLLM's FLA utils, which query the GPU at import
-    (``torch.cuda.get_device_name``), and that must not happen in vLLM's API-server and
-    engine-core processes, which start workers afterwards."""
+    """The running vLLM's classes, imported now (``gdn_attn``, the Mamba-family backends): for a
+    caller that wants them resolved at once (``install(load_vllm_api())``, the tests). The plugin
+    never calls it (``install()`` waits for vLLM's own imports). Never imports the Kimi-K3 ROCm
+    module: it imports vLLM's FLA utils, which query the GPU at import
+    (``torch.cuda.get_device_name``)."""
     version = vllm_version()
     if version is None:
         raise ChunkMetaError("chunkmeta.integrations.vllm needs vLLM: pip install 'chunkmeta[vllm]' (vllm==0.33.0).")
@@ -131,13 +154,18 @@ def check_api(api: VllmApi) -> list[str]:
     if init is None or init[: len(INIT_PARAMS)] != INIT_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.__init__{init} does not start with {INIT_PARAMS}")
     problems += [p for backend in api.backends() for p in check_backend(backend, api.gdn_builder)]
-    for backend in api.mamba_backends:
-        builder = backend.get_builder_cls()
-        ssd = getattr(builder, SSD_HOOK, None)
-        if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
-            problems.append(f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}")
+    problems += [p for backend in api.mamba_backends for p in check_mamba_backend(backend)]
     problems += [p for module in api.conv_modules for p in check_conv_module(module)]
     return problems
+
+
+def check_mamba_backend(backend: type) -> list[str]:
+    """Problems with ``backend`` as a Mamba-family backend whose builder chunkmeta can wrap."""
+    builder = backend.get_builder_cls()
+    ssd = getattr(builder, SSD_HOOK, None)
+    if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
+        return [f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}"]
+    return []
 
 
 def check_conv_module(module) -> list[str]:

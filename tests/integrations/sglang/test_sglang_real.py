@@ -12,6 +12,7 @@ its kernels (GDN), whose Triton kernels are replaced by recorders.
 import contextlib
 import importlib.util
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -439,3 +440,48 @@ def test_sglang_graph_hooks_pass_through():
             obj.init_forward_metadata_out_graph(forward_batch([100, 5]), in_capture=True)
     finally:
         obj.chunkmeta.close()
+
+
+# -- the plugin in a fresh SGLang process --------------------------------------------------------
+
+SGLANG_TESTS = str(Path(__file__).parent)
+
+
+def sglang_plugin_imports(opted_in):
+    from engine_imports import plugin_imports
+
+    return plugin_imports(
+        package="sglang",
+        loader_module="sglang.srt.plugins",
+        load="sglang.srt.plugins.load_plugins()",
+        env_var="CHUNKMETA_SGLANG",
+        opted_in=opted_in,
+        env={"SGLANG_PLUGINS": "chunkmeta"},
+        # the tests' torchvision stand-in, as in this process (no sglang module of its own)
+        prelude=f"sys.path.insert(0, {SGLANG_TESTS!r})\nimport sglang_cpu_stubs\nsglang_cpu_stubs.install()",
+        after_load="""
+            import torch
+            from chunkmeta.integrations import sglang as sg
+
+            extra = {"pending": list(getattr(sg, "pending", tuple)()), "cuda": torch.cuda.is_initialized()}
+            # what SGLang's backend selection imports (attention_registry.py, inside the function)
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+            from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+            from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+            classes = (KDAAttnBackend, GDNAttnBackend, Mamba2AttnBackend)
+            extra["wired"] = [c.__module__ == sg.backends.__name__ for c in classes]
+        """,
+    )
+
+
+def test_plugin_imports_no_sglang_module_in_a_fresh_process():
+    """SGLang calls load_plugins() in its engine, detokenizer and every scheduler process: with
+    CHUNKMETA_SGLANG=1 the plugin adds no SGLang module to what the loader imports by itself (its
+    patches wait for SGLang's own import of the backend modules), and it still wires every
+    backend once SGLang imports them."""
+    baseline, off = sglang_plugin_imports(opted_in=False)
+    new, on = sglang_plugin_imports(opted_in=True)
+    assert sorted(set(new) - set(baseline)) == [], f"{len(set(new) - set(baseline))} SGLang modules imported"
+    assert off["wired"] == [False, False, False] and off["pending"] == []
+    assert on["wired"] == [True, True, True] and on["pending"] and not on["cuda"], on

@@ -262,7 +262,7 @@ FRESH_PROCESS = textwrap.dedent("""
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 
     assert issubclass(GDNAttentionBackend.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
-    assert adapter.pending() == (adapter.KIMI_ROCM_MODULE, adapter.KIMI_NVIDIA_MODULE), adapter.pending()
+    assert {adapter.KIMI_ROCM_MODULE, adapter.KIMI_NVIDIA_MODULE} <= set(adapter.pending()), adapter.pending()
     assert adapter.KIMI_ROCM_MODULE not in sys.modules and adapter.KIMI_NVIDIA_MODULE not in sys.modules
     assert "vllm.third_party.flash_linear_attention.ops.utils" not in sys.modules
     import torch
@@ -275,7 +275,7 @@ FRESH_PROCESS = textwrap.dedent("""
     import vllm.models.kimi_k3.nvidia.kda_metadata as kimi_nvidia
 
     assert issubclass(kimi_nvidia.KimiK3KDAAttentionBackend.get_builder_cls(), adapter.GdnFamilyMixin)
-    assert adapter.pending() == ()
+    assert adapter.KIMI_NVIDIA_MODULE not in adapter.pending()
     print("ok")
 """)
 
@@ -289,3 +289,41 @@ def test_plugin_in_a_fresh_process_never_probes_the_gpu():
     run = subprocess.run([sys.executable, "-c", FRESH_PROCESS], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.stdout.strip().endswith("ok")
+
+
+def vllm_plugin_imports(opted_in):
+    from engine_imports import plugin_imports
+
+    return plugin_imports(
+        package="vllm",
+        loader_module="vllm.plugins",
+        load="vllm.plugins.load_general_plugins()",
+        env_var=adapter.ENV_VAR,
+        opted_in=opted_in,
+        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_PLUGINS": "chunkmeta"},
+        after_load="""
+            import torch
+            from chunkmeta.integrations import vllm as adapter
+
+            extra = {"pending": list(adapter.pending()), "cuda": torch.cuda.is_initialized()}
+            # what vLLM's attention-group setup imports
+            from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+            from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionBackend
+
+            extra["wired"] = [
+                issubclass(b.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
+                for b in (GDNAttentionBackend, Mamba2AttentionBackend)
+            ]
+        """,
+    )
+
+
+def test_plugin_imports_no_vllm_module_in_a_fresh_process():
+    """vLLM calls its plugins in the API server, the engine core and every worker: with
+    CHUNKMETA_VLLM=1 the plugin adds no vLLM module to what load_general_plugins() imports by
+    itself (the backends are patched when vLLM imports their modules), and still wires them."""
+    baseline, off = vllm_plugin_imports(opted_in=False)
+    new, on = vllm_plugin_imports(opted_in=True)
+    assert sorted(set(new) - set(baseline)) == [], f"{len(set(new) - set(baseline))} vLLM modules imported"
+    assert off == {"pending": [], "cuda": False, "wired": [False, False]}
+    assert on["wired"] == [True, True] and adapter.KIMI_NVIDIA_MODULE in on["pending"] and not on["cuda"], on

@@ -18,10 +18,10 @@ from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.sglang.backends import KINDS, chunkmeta_backend
 from chunkmeta.integrations.sglang.routing import find_fla
+from chunkmeta.integrations.sglang.tables import ENV_VAR
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "CHUNKMETA_SGLANG"
 SUPPORTED_VERSIONS = ((0, 5, 9), (0, 5, 23))  # tested interfaces, inclusive
 # Older releases lack the backends; a newer one is tried, its hooks checked class by class.
 GATE = plugin.VersionGate(

@@ -30,8 +30,9 @@ import weakref
 import torch
 
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations.plugin import keeps_engine_path
 from chunkmeta.integrations.vllm import tables as _tables
-from chunkmeta.integrations.vllm.interface import logger
+from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
 from chunkmeta.integrations.vllm.tables import CUTEDSL, Serves
 
 # gdn_prefill_backend values whose build() never calls _build_chunk_metadata: FlashInfer reads
@@ -125,9 +126,7 @@ class ChunkmetaBuilderMixin:
             self._chunkmeta_setup()
         except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
             self.chunkmeta = None
-            logger.warning(
-                "chunkmeta: %s keeps vLLM's own step tables: %s: %s", type(self).__name__, type(exc).__name__, exc
-            )
+            keeps_engine_path(logger, f"{type(self).__name__} keeps vLLM's own step tables", exc, ENV_VAR)
         else:
             _BUILDERS.add(self)
 

@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,11 +154,17 @@ def test_install_uninstall_and_the_plugin_entry_point(monkeypatch):
 # -- SGLang's own metadata code with chunkmeta's tables --------------------------------------------
 
 
+CONV_LEN = 3  # the conv state's width - 1 (a kernel of 4)
+
+
 class Pool:
-    """The req_to_token_pool calls the metadata path makes (slot 0 is the padding slot)."""
+    """The req_to_token_pool calls the metadata path makes (slot 0 is the padding slot), and the
+    conv state whose shape the backends' __init__ reads (no ReplaySSM ring)."""
 
     size = 16
-    mamba_pool = None
+    mamba_pool = SimpleNamespace(
+        enable_linear_replayssm=False, mamba_cache=SimpleNamespace(conv=[torch.zeros(size + 1, 8, CONV_LEN)])
+    )
 
     def get_mamba_indices(self, req_pool_indices):
         return (req_pool_indices + 1).to(torch.int32)
@@ -166,22 +173,44 @@ class Pool:
         return indices
 
 
-def backend(kind, **chunkmeta_kwargs):
-    """chunkmeta's subclass of SGLang's backend, with the fields its metadata path reads set by
-    hand (its __init__ needs a whole model runner), and chunkmeta attached as __init__ does
-    (``chunkmeta_kwargs``: more ``BackendChunkMeta`` arguments)."""
-    cls = sg.chunkmeta_backend(STOCK[kind], kind=kind, fla_package=FLA)
-    obj = object.__new__(cls)
-    obj.device, obj.req_to_token_pool, obj.forward_metadata, obj.topk = "cpu", Pool(), None, 0
-    obj.enable_mis, obj.mis_metadata = False, None
+def model_runner(mamba_chunk_size=64, **server_args):
+    """A stand-in ModelRunner with the fields SGLang's KDA / GDN / Mamba2 ``__init__`` and
+    chunkmeta's sizing read (Triton kernels, a 16-request pool, unresolved ServerArgs)."""
+    from sglang.srt.server_args import ServerArgs
+
     triton = LinearAttnKernelBackend.TRITON
-    dispatcher = kda_backend.KDAKernelDispatcher if kind == "kda" else gdn_backend.GDNKernelDispatcher
-    obj.kernel_dispatcher = dispatcher(triton, triton, triton)
-    obj.chunkmeta = sg.BackendChunkMeta(
-        device="cpu", max_num_seqs=16, max_num_tokens=4096, router=cls._chunkmeta_router, **chunkmeta_kwargs
+    return SimpleNamespace(
+        server_args=ServerArgs(model_path="unused", **server_args),
+        device="cpu",
+        is_draft_worker=False,
+        req_to_token_pool=Pool(),
+        token_to_kv_pool=None,
+        max_running_requests=None,
+        model_config=SimpleNamespace(
+            context_len=8192, hf_text_config=SimpleNamespace(mamba_chunk_size=mamba_chunk_size)
+        ),
+        linear_attn_backends=SimpleNamespace(decode=triton, prefill=triton, verify=triton),
     )
-    if cls._chunkmeta_kwargs:
-        sg.add_tables_to_dispatcher(obj)
+
+
+def construct(cls, runner=None):
+    """``cls(runner)``, SGLang's own constructor (and chunkmeta's ``__init__`` hook in it), under a
+    runtime context of the runner's server args, which the scheduler publishes before it builds
+    the model runner (the backends read it through get_spec() / get_exec())."""
+    from sglang.srt.runtime_context import ParallelContext, RuntimeContext, use_context
+
+    runner = runner or model_runner()
+    context = RuntimeContext(parallel=ParallelContext())
+    context.set_server_args(runner.server_args)
+    with use_context(context):
+        return cls(runner)
+
+
+def backend(kind, runner=None):
+    """chunkmeta's subclass of SGLang's backend, made by SGLang's ``__init__`` (``construct``):
+    chunkmeta is attached and sized there, as in a server."""
+    obj = construct(sg.chunkmeta_backend(STOCK[kind], kind=kind, fla_package=FLA), runner)
+    assert isinstance(obj.chunkmeta, sg.BackendChunkMeta)
     return obj
 
 

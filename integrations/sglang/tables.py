@@ -2,7 +2,10 @@
 
 Layouts (``ForwardTables.layout``)
   ``"exact"``    ``extend_seq_lens_cpu`` is there (SGLang's own test: not None, one entry per row,
-                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows, bit for bit, by one
+                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows (the vendored
+                 helpers' bit for bit, unless a zero-length row precedes a non-empty one: they
+                 renumber the sequences after it, chunkmeta keeps the ``cu_seqlens`` index the
+                 kernels read bounds and states by; docs/sglang.md), by one
                  ``StepTablesBuilder`` launch that also writes GDN's causal-conv1d
                  ``conv_block_table`` (``chunkmeta.tables.Conv(paired=True)``: SGLang's int32
                  ``[tot, 2]`` ``(row, block)`` pairs), served where SGLang's own rule would build it.

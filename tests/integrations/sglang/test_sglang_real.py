@@ -514,3 +514,27 @@ def test_plugin_imports_no_sglang_module_in_a_fresh_process():
     assert sorted(set(new) - set(baseline)) == [], f"{len(set(new) - set(baseline))} SGLang modules imported"
     assert off["wired"] == [False, False, False] and off["pending"] == []
     assert on["wired"] == [True, True, True] and on["pending"] and not on["cuda"], on
+
+
+@pytest.mark.parametrize(
+    "lens, same",
+    [([70, 5, 0, 0], True), ([300, 1, 64], True), ([5, 0, 65], False), ([0, 64], False)],
+    ids=["trailing_empty", "no_empty", "empty_inside", "empty_first"],
+)
+def test_exact_tables_against_sglangs_vendored_helpers(made, lens, same):
+    """The exact tables are the vendored prepare_chunk_indices / _offsets' own while zero-length
+    rows trail (DP padding); an empty row before a non-empty one makes the vendored helper
+    renumber the sequences after it, and chunkmeta keeps the cu_seqlens index (docs/sglang.md)."""
+    from sglang.kernels.ops.attention.fla import index
+
+    obj = backend("gdn")
+    made.append(obj)
+    obj.init_forward_metadata(forward_batch(lens))
+    tables = obj.chunkmeta.tables
+    qsl = tables.query_start_loc.clone()  # a fresh object: the vendored helpers' cache keys on identity
+    vendored = index.prepare_chunk_indices(qsl, 64)
+    assert torch.equal(tables.chunk_offsets, index.prepare_chunk_offsets(qsl, 64))
+    assert torch.equal(tables.chunk_indices, vendored) == same
+    check(tables, lens, "exact")  # the contract: row (i, t) with i the cu_seqlens index
+    offsets = tables.chunk_offsets.tolist()
+    assert [offsets[i] + t for i, t in rows(tables.chunk_indices)] == list(range(tables.num_rows))

@@ -50,6 +50,16 @@ HOOK_PARAMS = ("self", "prefill_query_start_loc", "prefill_query_start_loc_cpu",
 SSD_HOOK = "_build_chunk_metadata_tensors"
 SSD_HOOK_PARAMS = ("self", "chunk_size", "common", "common_attn_metadata", "checkpoint_offsets_p")
 INIT_PARAMS = ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")
+# build() as the chunkmeta builders take it (their decode-only steps pass these on as given)
+GDN_BUILD_PARAMS = (
+    "self",
+    "common_prefix_len",
+    "common_attn_metadata",
+    "num_accepted_tokens",
+    "num_decode_draft_tokens_cpu",
+    "fast_build",
+)
+MAMBA_BUILD_PARAMS = ("self", "common_prefix_len", "common_attn_metadata", "fast_build")  # then keywords only
 
 
 def is_gdn_family(builder: type) -> bool:
@@ -150,6 +160,7 @@ def check_api(api: VllmApi) -> list[str]:
         problems.append(f"{api.gdn_builder.__name__} has no {HOOK} hook")
     elif _param_names(hook) != HOOK_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.{HOOK}{_param_names(hook)} is not {HOOK}{HOOK_PARAMS}")
+    problems += check_build(api.gdn_builder, GDN_BUILD_PARAMS)
     init = _param_names(api.gdn_builder.__init__)
     if init is None or init[: len(INIT_PARAMS)] != INIT_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.__init__{init} does not start with {INIT_PARAMS}")
@@ -165,6 +176,24 @@ def check_mamba_backend(backend: type) -> list[str]:
     ssd = getattr(builder, SSD_HOOK, None)
     if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
         return [f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}"]
+    return check_build(builder, MAMBA_BUILD_PARAMS)
+
+
+def check_build(builder: type, params: tuple[str, ...]) -> list[str]:
+    """Problems with ``builder.build`` as the chunkmeta builder's build() calls it: ``params``
+    first, anything after them keyword-only."""
+    try:
+        found = list(inspect.signature(builder.build).parameters.values())
+    except (AttributeError, TypeError, ValueError):
+        found = None
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)
+    if (
+        found is None
+        or tuple(p.name for p in found[: len(params)]) != params
+        or any(p.kind not in keyword for p in found[len(params) :])
+    ):
+        shown = None if found is None else tuple(p.name for p in found)
+        return [f"{builder.__name__}.build{shown} is not build{params} (then keywords only)"]
     return []
 
 
@@ -182,5 +211,5 @@ def check_backend(backend: type, gdn_builder: type) -> list[str]:
     getter = getattr(backend, "get_builder_cls", None)
     builder = getter() if callable(getter) else None
     if isinstance(builder, type) and issubclass(builder, gdn_builder):
-        return []
+        return check_build(builder, GDN_BUILD_PARAMS)
     return [f"{backend.__name__}.get_builder_cls() returns {builder!r}, not a {gdn_builder.__name__}"]

@@ -25,6 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
 
 import vllm_real_batches
+from checks import must_not_run
 from chunkmeta.integrations import vllm as adapter
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
@@ -160,11 +161,23 @@ def test_real_builder_on_random_steps(configs, spec):
     assert ours.chunkmeta.builds == 1 + 40 and ours.chunkmeta_fallbacks == 0
 
 
-def test_decode_only_steps_skip_the_hook(configs):
+def test_decode_only_steps_skip_the_hook(configs, monkeypatch):
+    """A step with no row over one token goes straight to vLLM's build(): none of chunkmeta's
+    per-step work (here made to raise) runs, and a fresh one-token prompt among the rows gets
+    vLLM's own tables; spec decodes (three-token rows) take the recording path, which asks for no
+    table either."""
+    from chunkmeta.integrations.vllm import builders
+
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
-    ours = make(cls, configs, spec=True)
-    md = build(ours, ([1, 1, 0], [5, 6, 0], None))
-    assert md.num_prefills == 0 and md.chunk_indices is None
+    ours, stock = make(cls, configs, spec=True), make(gdn_attn.GDNAttentionMetadataBuilder, configs, spec=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(builders, "StepRequest", must_not_run("chunkmeta", "a chunkmeta step"))
+        md = build(ours, ([1, 1, 0], [5, 6, 0], None))
+        assert md.num_prefills == 0 and md.chunk_indices is None
+        fresh = ([1, 1, 1], [5, 6, 0], None)  # the last row is a one-token prompt: a prefill
+        got, want = build(ours, fresh), build(stock, fresh)
+        assert got.num_prefills == 1 and got.chunk_indices is not None
+        assert_same_tables(got, want)
     md = build(ours, ([3, 3, 0], [5, 6, 0], [2, 2, -1]))
     assert md.num_prefills == 0 and md.chunk_indices is None
     assert ours.chunkmeta.builds == 1  # the warm-up only

@@ -1,10 +1,13 @@
 """vLLM 0.33.0's real metadata builders: ``build()`` host time, stock against chunkmeta (issue 19).
 
-    python bench/vllm_builders.py --out DIR [--rounds 20]
+    python bench/vllm_builders.py --out DIR [--rounds 20] [--decode-rounds 2000]
 
-Per prefill workload (decodes + prefills, tokens; prefills with a cached prefix on every other
-row) and builder, the stock builder and its chunkmeta builder (``chunkmeta.integrations.vllm``)
-are called back to back, interleaved round by round, on the same CommonAttentionMetadata:
+Per workload and builder, the stock builder and its chunkmeta builder (``chunkmeta.integrations.vllm``)
+are called back to back on metadata made the same way, interleaved round by round (who goes first
+alternating), in one process. Workloads: prefill steps (decodes + prefills, tokens; prefills with a
+cached prefix on every other row; ``--rounds`` rounds) and decode-only steps of 1, 8, 64 and 256
+decodes (``--decode-rounds`` rounds: the difference is a microsecond or less, so many rounds; each
+row also gives the median of the per-round differences, chunkmeta minus stock). Builders:
 
 * ``gdn_triton``, ``gdn_flashinfer``  ``GDNAttentionMetadataBuilder`` (Qwen3-Next's; the
   flashinfer prefill backend is the resolver's choice on H100/H200, where vLLM still builds the
@@ -12,7 +15,7 @@ are called back to back, interleaved round by round, on the same CommonAttention
 * ``kimi_k3``  ``KimiK3KDAMetadataBuilder`` (NVIDIA; its build() needs CUDA tensors);
 * ``mamba2``  ``Mamba2AttentionMetadataBuilder`` (conv + SSD tables).
 
-Prints the medians and stock / chunkmeta ratios; writes its record (``bench/results.py``:
+Prints the medians, stock / chunkmeta ratios and paired differences; writes its record (``bench/results.py``:
 ``vllm_builders.runs.jsonl``) under ``--out``. Runs on CPU (vLLM's CPU platform) and on a GPU
 machine with an installed vLLM or the carried ``.vllm_bundle`` (``source
 .vllm_bundle/setup_env.sh`` first: ``vllm_bootstrap`` is imported before vLLM).
@@ -21,6 +24,7 @@ machine with an installed vLLM or the carried ``.vllm_bundle`` (``source
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import sys
@@ -35,6 +39,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integ
 from chunkmeta.timing import host_us, median
 
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (8, 8, 8192), (32, 32, 16384), (64, 64, 32768)]
+# Decode-only steps: chunkmeta builds nothing there, and its build() must cost what vLLM's does.
+DECODE_ONLY = (1, 8, 64, 256)
+CONTROLS = ("control_gdn_twice", "control_gdn_empty_subclass")  # builders(): decode-only rows only
 MAX_NUM_SEQS, MAX_NUM_TOKENS, MAMBA_CHUNK = 256, 65536, 256
 
 
@@ -107,6 +114,19 @@ def builders(cfg: dict, device) -> dict:
     else:
         out["kimi_k3"] = "its build() asserts CUDA tensors"
     out["mamba2"] = pair(Mamba2AttentionMetadataBuilder, cfg["mamba"], MambaAttentionBackendEnum.MAMBA2)
+
+    # Controls, decode-only rows only: what the method reads between two builders that do the same
+    # work. vLLM's GDN builder against a second instance of itself (the method's own noise), and
+    # against a subclass that overrides nothing (what any class other than vLLM's costs or saves
+    # in CPython, with no code of its own: the floor for chunkmeta's class)
+    class EmptySubclass(GDNAttentionMetadataBuilder):
+        pass
+
+    def made(cls):
+        return cls(spec(MambaAttentionBackendEnum.GDN_ATTN), ["layer"], cfg["gdn"], device)
+
+    out[CONTROLS[0]] = made(GDNAttentionMetadataBuilder), made(GDNAttentionMetadataBuilder)
+    out[CONTROLS[1]] = made(GDNAttentionMetadataBuilder), made(EmptySubclass)
     return out
 
 
@@ -119,35 +139,70 @@ def batch(decodes: int, prefills: int, tokens: int, device):
     return lambda: common_metadata(query, context, device)
 
 
+def decode_batch(decodes: int, device):
+    """A decode-only step: ``decodes`` one-token rows with 100 cached tokens each."""
+    from vllm_real_batches import common_metadata
+
+    return lambda: common_metadata([1] * decodes, [100] * decodes, device)
+
+
+# CPython's cost of one call moves by about a microsecond either way with the depth of the
+# caller's stack (measured here: vLLM's own builder against chunkmeta's, called through 0 to 5
+# extra frames, differed by -0.9 to +1.2 us by depth alone), so each round calls both builders
+# through the same number of frames, cycling through these depths.
+DEPTHS = 4
+
+
+def _through(frames: int, call):
+    return call() if frames == 0 else _through(frames - 1, call)
+
+
+def interleaved(stock, ours, make, rounds: int, device) -> dict:
+    """Host µs of ``build(0, m)`` of both builders, round by round on fresh metadata (vLLM's runner
+    makes new tensors every step), who goes first alternating, both at one stack depth a round
+    (``DEPTHS``); ``delta`` per round: chunkmeta's time minus stock's in that round (their median
+    is robust to drift over the rounds)."""
+    times = {"stock": [], "chunkmeta": [], "delta": []}
+    for i in range(rounds):
+        pair = (("stock", stock), ("chunkmeta", ours))
+        for label, builder in pair if i % 2 == 0 else pair[::-1]:
+            m = make()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[label].append(_through(i // 2 % DEPTHS, lambda b=builder, m=m: host_us(lambda: b.build(0, m))))
+        times["delta"].append(times["chunkmeta"][-1] - times["stock"][-1])
+    return times
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--decode-rounds", type=int, default=2000, help="rounds per decode-only row (µs resolution)")
     args = parser.parse_args(argv)
     import_vllm()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as root:
         pairs = builders(configs(root), device)
     figures = {"device": str(torch.cuda.get_device_name() if device.type == "cuda" else "cpu"), "rows": []}
-    print(f"{'builder':16} {'workload':>18} {'stock us':>10} {'chunkmeta us':>13} {'ratio':>7}")
+    print(f"{'builder':16} {'workload':>18} {'stock us':>10} {'chunkmeta us':>13} {'ratio':>7} {'paired diff us':>15}")
     for name, made in pairs.items():
         if isinstance(made, str):
             print(f"{name:16} not measured: {made}")
             figures["rows"].append({"builder": name, "skipped": made})
             continue
         stock, ours = made
-        for decodes, prefills, tokens in WORKLOADS:
-            make = batch(decodes, prefills, tokens, device)
-            times = {"stock": [], "chunkmeta": []}
-            for _ in range(args.rounds):
-                for label, builder in (("stock", stock), ("chunkmeta", ours)):
-                    m = make()  # fresh per call: vLLM's runner makes new tensors every step
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                    times[label].append(host_us(lambda b=builder, m=m: b.build(0, m)))
-            s, c = median(times["stock"]), median(times["chunkmeta"])
-            stats = ours.chunkmeta_stats()
-            print(f"{name:16} {decodes:>4}d+{prefills:>4}p/{tokens:>6}t {s:>10.1f} {c:>13.1f} {s / c:>6.1f}x")
+        control = name in CONTROLS
+        workloads = [] if control else [(d, p, t, batch(d, p, t, device), args.rounds) for d, p, t in WORKLOADS]
+        workloads += [(d, 0, d, decode_batch(d, device), args.decode_rounds) for d in DECODE_ONLY]
+        for decodes, prefills, tokens, make, rounds in workloads:
+            builds = None if control else ours.chunkmeta.builds
+            gc.collect()
+            times = interleaved(stock, ours, make, rounds, device)
+            s, c, delta = median(times["stock"]), median(times["chunkmeta"]), median(times["delta"])
+            stats = {"fallbacks": 0} if control else ours.chunkmeta_stats()
+            workload = f"{decodes:>4}d+{prefills:>4}p/{tokens:>6}t"
+            print(f"{name:16} {workload} {s:>10.1f} {c:>13.1f} {s / c:>6.2f}x {delta:>+15.2f}")
             figures["rows"].append(
                 {
                     "builder": name,
@@ -157,6 +212,9 @@ def main(argv: list[str]) -> int:
                     "stock_us": s,
                     "chunkmeta_us": c,
                     "ratio": s / c,
+                    "paired_diff_us": delta,
+                    "rounds": rounds,
+                    "chunkmeta_builds": None if control else ours.chunkmeta.builds - builds,
                     "fallbacks": stats["fallbacks"],
                 }
             )

@@ -67,6 +67,20 @@ def enable(env_var: str, logger: logging.Logger, engine: str, install, *, allow_
         return None
 
 
+def keeps_engine_path(logger: logging.Logger, what: str, exc: Exception, env_var: str) -> None:
+    """The one warning of a backend (or builder) that keeps its engine's own path because chunkmeta
+    could not be set up for it (sizing, configuration, a fill that fails to compile or warm up).
+    ``what`` says who keeps what (``"X keeps SGLang's own chunk metadata"``); a ``ChunkMetaError``
+    names the setting at fault and its fix; ``env_var`` (the opt-in) turns chunkmeta off."""
+    logger.warning(
+        "chunkmeta: %s: %s: %s (the engine runs on without it; %s=0 turns chunkmeta off)",
+        what,
+        type(exc).__name__,
+        exc,
+        env_var,
+    )
+
+
 # -- the version gate --------------------------------------------------------------------------
 
 

@@ -16,7 +16,8 @@ Modules, one job each:
   ``wiring``    ``install()`` / ``uninstall()`` and the ``sglang.srt.plugins`` entry point
                 ``sglang_plugin`` (opt-in: ``CHUNKMETA_SGLANG=1``)
 The opt-in, version gate and reversible patches are ``chunkmeta.integrations.plugin``'s; the
-router is ``chunkmeta.integrations.fla``'s. Nothing here imports SGLang at import time.
+router is ``chunkmeta.integrations.fla``'s. Nothing here imports SGLang, at import time or in
+``install()``: each backend module is wired when SGLang imports it.
 """
 
 from chunkmeta.integrations.sglang.backends import KINDS, chunkmeta_backend, hook_generation
@@ -38,6 +39,7 @@ from chunkmeta.integrations.sglang.wiring import (
     install,
     installed,
     package_version,
+    pending,
     sglang_plugin,
     uninstall,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "installed",
     "needs_chunk_tables",
     "package_version",
+    "pending",
     "sglang_plugin",
     "token_bound",
     "trusted_extend_lens",

@@ -28,9 +28,11 @@ import logging
 import numpy as np
 import torch
 
+from chunkmeta.integrations.plugin import keeps_engine_path
 from chunkmeta.integrations.sglang import sizing
 from chunkmeta.integrations.sglang.tables import (
     ACTIVE_DEVICES,
+    ENV_VAR,
     build_failed,
     fallback,
     logical_mode,
@@ -83,8 +85,12 @@ class Mamba2ChunkMeta:
         if device.type not in ACTIVE_DEVICES:
             logger.info("chunkmeta: %s on %s keeps SGLang's own Mamba2 metadata", type(backend).__name__, device)
             return None
-        max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
-        return cls(device=device, max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
+        try:
+            max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
+            return cls(device=device, max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
+        except Exception as exc:  # noqa: BLE001  sizing it cannot do: SGLang must start all the same
+            keeps_engine_path(logger, f"{type(backend).__name__} keeps SGLang's own prepare_mixed", exc, ENV_VAR)
+            return None
 
     def _builder(self, chunk_size: int) -> StepTablesBuilder | None:
         """The builder at ``chunk_size``, made and warmed up on first use; None (and ``disabled``
@@ -103,7 +109,7 @@ class Mamba2ChunkMeta:
                 warm_up(builder)
             except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
                 self.disabled = f"{type(exc).__name__}: {exc}"
-                logger.warning("chunkmeta: Mamba2 keeps SGLang's own prepare_mixed: %s", self.disabled)
+                keeps_engine_path(logger, "Mamba2 keeps SGLang's own prepare_mixed", exc, ENV_VAR)
                 return None
             self.builder = builder
         return builder

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import sys
 import weakref
 
 # Where SGLang vendors FLA, newest layout first (moved to kernels/ in 0.5.16).
@@ -26,9 +27,14 @@ FLA_PACKAGES = ("kernels.ops.attention.fla", "srt.layers.attention.fla")
 
 
 def find_fla(package: str) -> str | None:
-    """The vendored FLA package inside SGLang package ``package``, or None."""
-    for relative in FLA_PACKAGES:
-        name = f"{package}.{relative}"
+    """The vendored FLA package inside SGLang package ``package``, or None. One SGLang has
+    imported already is found without importing anything (``find_spec`` of a submodule imports
+    its parent packages)."""
+    names = [f"{package}.{relative}" for relative in FLA_PACKAGES]
+    for name in names:
+        if sys.modules.get(name + ".index") is not None:
+            return name
+    for name in names:
         try:
             if importlib.util.find_spec(name + ".index") is not None:
                 return name

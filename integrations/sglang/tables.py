@@ -2,7 +2,10 @@
 
 Layouts (``ForwardTables.layout``)
   ``"exact"``    ``extend_seq_lens_cpu`` is there (SGLang's own test: not None, one entry per row,
-                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows, bit for bit, by one
+                 no two-batch-overlap parent): FLA's layout, ``[NT, 2]`` rows (the vendored
+                 helpers' bit for bit, unless a zero-length row precedes a non-empty one: they
+                 renumber the sequences after it, chunkmeta keeps the ``cu_seqlens`` index the
+                 kernels read bounds and states by; docs/sglang.md), by one
                  ``StepTablesBuilder`` launch that also writes GDN's causal-conv1d
                  ``conv_block_table`` (``chunkmeta.tables.Conv(paired=True)``: SGLang's int32
                  ``[tot, 2]`` ``(row, block)`` pairs), served where SGLang's own rule would build it.
@@ -38,6 +41,7 @@ from chunkmeta import layout
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.graph import GraphBuild
 from chunkmeta.integrations.fla import FlaRouter, patch_fla
+from chunkmeta.integrations.plugin import keeps_engine_path
 from chunkmeta.integrations.sglang import sizing
 from chunkmeta.integrations.sglang.routing import Provider
 from chunkmeta.metadata import ChunkMetadata
@@ -47,6 +51,7 @@ from chunkmeta.tables import Conv, Fla
 
 logger = logging.getLogger(__name__)
 
+ENV_VAR = "CHUNKMETA_SGLANG"  # the opt-in (wiring.ENV_VAR); 0 turns chunkmeta off
 CHUNK_SIZE = 64  # SGLang's KDA and GDN chunked prefill both use FLA's 64-token chunks
 PAD = "past_end"  # SGLang's padding rows, (0, chunkmeta.layout.PAST_END_CHUNK)
 # Other chunk sizes SGLang's vendored FLA asks prepare_chunk_indices for: GDN's chunk_fwd_o uses
@@ -273,13 +278,15 @@ class BackendChunkMeta:
     def for_backend(
         cls, backend, model_runner, router: FlaRouter | None, conv_block_m: int | None = None
     ) -> BackendChunkMeta | None:
-        """Sized from the runner; None (the backend stays stock) on devices chunkmeta does not serve."""
+        """Sized from the runner; None (the backend stays stock) on devices chunkmeta does not serve,
+        and where sizing, the limits or the fill's warm-up fail (one warning: the backend must be
+        made whatever chunkmeta finds, or SGLang cannot start)."""
         device = torch.device(getattr(backend, "device", None) or model_runner.device)
         if device.type not in ACTIVE_DEVICES:
             logger.info("chunkmeta: %s on %s keeps SGLang's own chunk metadata", type(backend).__name__, device)
             return None
-        max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
         try:
+            max_num_seqs, max_num_tokens = sizing.backend_capacity(model_runner)
             return cls(
                 device=device,
                 max_num_seqs=max_num_seqs,
@@ -287,9 +294,8 @@ class BackendChunkMeta:
                 router=router,
                 conv_block_m=conv_block_m,
             )
-        except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
-            name = type(backend).__name__
-            logger.warning("chunkmeta: %s keeps SGLang's own chunk metadata: %s: %s", name, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001  sizing or limits it cannot hold, or a fill that fails here
+            keeps_engine_path(logger, f"{type(backend).__name__} keeps SGLang's own chunk metadata", exc, ENV_VAR)
             return None
 
     # -- binding -------------------------------------------------------------------------

@@ -2,25 +2,26 @@
 
 ``install()`` swaps the backend classes where SGLang's backend selection imports them
 (``attn_backend_wrapper``, ``srt/layers/attention/attention_registry.py``, imports them inside the
-function body). SGLang runs its scheduler in spawned processes, so use the ``sglang.srt.plugins``
+function body), each right after SGLang's own import of its module: nothing of SGLang is imported
+here. SGLang runs its scheduler in spawned processes, so use the ``sglang.srt.plugins``
 entry point ``sglang_plugin`` (opt-in: ``CHUNKMETA_SGLANG=1``), which SGLang calls in every process.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
+import sys
 import threading
 
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.sglang.backends import KINDS, chunkmeta_backend
 from chunkmeta.integrations.sglang.routing import find_fla
+from chunkmeta.integrations.sglang.tables import ENV_VAR
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "CHUNKMETA_SGLANG"
 SUPPORTED_VERSIONS = ((0, 5, 9), (0, 5, 23))  # tested interfaces, inclusive
 # Older releases lack the backends; a newer one is tried, its hooks checked class by class.
 GATE = plugin.VersionGate(
@@ -57,33 +58,68 @@ def package_version(package: str) -> str | None:
     return str(version) if version is not None else plugin.distribution_version(package)
 
 
-def _find_target(package: str, kind: str) -> tuple[object, str]:
-    tried = []
-    for relative, attr in TARGETS[kind]:
-        name = f"{package}.{relative}"
-        tried.append(f"{name}.{attr}")
-        try:
-            spec = importlib.util.find_spec(name)
-        except ModuleNotFoundError:
-            spec = None
-        if spec is None:
+def _wire_module(package: str, patches: plugin.Patches, targets: list[tuple[str, str]]):
+    """What to do once SGLang imports one backend module: put chunkmeta's subclass in place of each
+    backend class of ``targets`` (kind, class name) the module holds. A name the module lacks is
+    another release's layout (``TARGETS``); a class that is chunkmeta's already (a module that
+    re-exports one wired where it is defined) is left as it is."""
+
+    def wire(module):
+        with patches.all_or_nothing():  # a module is wired whole or not at all
+            for kind, attr in targets:
+                base = getattr(module, attr, None)
+                if not isinstance(base, type) or patches.current(module, attr) is not None:
+                    continue
+                if getattr(base, "chunkmeta_base", None) is not None:
+                    continue
+                # SGLang's backend module has imported its vendored FLA by now: found, not imported
+                fla_package = find_fla(package) if kind != "mamba2" else None
+                ours = chunkmeta_backend(base, kind=kind, fla_package=fla_package)
+                patches.apply(module, attr, ours)
+                logger.info(
+                    "chunkmeta: %s.%s -> %s (hooks: %s)", module.__name__, attr, ours.__name__, ours.chunkmeta_hooks
+                )
+
+    return wire
+
+
+def _installed(package: str, patches: plugin.Patches) -> dict[str, type]:
+    found = {}
+    for patch in patches.applied():
+        if patch.in_place:
+            found.setdefault(patch.value.chunkmeta_kind, patch.value)
+    return {kind: found[kind] for kind in KINDS if kind in found}
+
+
+def _check_required(package: str, found: dict[str, type]) -> None:
+    """Refuse a release whose every candidate module for KDA or GDN is imported and holds no
+    backend class (a release chunkmeta does not know); one not imported yet is waited for."""
+    for kind in KINDS:
+        if kind in OPTIONAL_KINDS or kind in found:
             continue
-        module = importlib.import_module(name)
-        if isinstance(getattr(module, attr, None), type):
-            return module, attr
-    raise ChunkMetaError(
-        f"package={package!r}: no {kind.upper()} backend class at {', '.join(tried)}; "
-        f"chunkmeta supports SGLang {GATE.tested}."
-    )
+        names = [(f"{package}.{relative}", attr) for relative, attr in TARGETS[kind]]
+        modules = [sys.modules.get(name) for name, _ in names]
+        if all(module is not None for module in modules) and not any(
+            isinstance(getattr(module, attr, None), type) for module, (_, attr) in zip(modules, names, strict=True)
+        ):
+            raise ChunkMetaError(
+                f"package={package!r}: no {kind.upper()} backend class at "
+                f"{', '.join(f'{name}.{attr}' for name, attr in names)}; chunkmeta supports SGLang {GATE.tested}."
+            )
 
 
 def install(package: str = "sglang") -> dict[str, type]:
     """Put chunkmeta's KDA, GDN and Mamba2 backends where SGLang's backend selection finds them.
 
-    Replaces the backend classes' module attributes (saving SGLang's); idempotent. Backends built
-    afterwards in this process use chunkmeta. ``package`` is the SGLang package (tests pass a
-    stand-in). Returns ``{"kda": class, "gdn": class, "mamba2": class}`` (no ``"mamba2"`` where the
-    release has no ``Mamba2AttnBackend``).
+    Imports no SGLang module but ``package`` itself (which SGLang's plugin loader has imported):
+    SGLang loads plugins in its engine, detokenizer and scheduler processes alike, and the backend
+    modules import SGLang's kernels. Each backend module (``TARGETS``) is wired right after SGLang
+    itself imports it (``plugin.Patches.when_imported``), at once if it is imported already: the
+    backend class's module attribute becomes chunkmeta's subclass (SGLang's is saved). Idempotent.
+    Backends built afterwards in this process use chunkmeta. ``package`` is the SGLang package
+    (tests pass a stand-in). Returns the classes installed so far, ``{"kda": class, "gdn": class,
+    "mamba2": class}`` once SGLang has imported them (no ``"mamba2"`` where the release has no
+    ``Mamba2AttnBackend``).
     """
     with _INSTALL_LOCK:
         try:
@@ -95,28 +131,17 @@ def install(package: str = "sglang") -> dict[str, type]:
         version = package_version(package)
         if version is not None:
             GATE.check(version, logger, label=package)
-        fla_package = find_fla(package)
         patches = _PATCHES.setdefault(package, plugin.Patches(logger, "SGLang"))
-        installed = {}
+        by_module: dict[str, list[tuple[str, str]]] = {}
         for kind in KINDS:
-            try:
-                module, attr = _find_target(package, kind)
-            except ChunkMetaError:
-                if kind not in OPTIONAL_KINDS:
-                    raise
-                logger.info("chunkmeta: %s has no %s backend; it is left as it is", package, kind)
-                continue
-            patch = patches.current(module, attr)
-            if patch is None:
-                ours = chunkmeta_backend(
-                    getattr(module, attr), kind=kind, fla_package=fla_package if kind != "mamba2" else None
-                )
-                patch = patches.apply(module, attr, ours)
-                logger.info(
-                    "chunkmeta: %s.%s -> %s (hooks: %s)", module.__name__, attr, ours.__name__, ours.chunkmeta_hooks
-                )
-            installed[kind] = patch.value
-        return installed
+            for relative, attr in TARGETS[kind]:
+                by_module.setdefault(f"{package}.{relative}", []).append((kind, attr))
+        with patches.all_or_nothing():
+            for name, targets in by_module.items():
+                patches.when_imported(name, _wire_module(package, patches, targets))
+            found = _installed(package, patches)
+            _check_required(package, found)
+        return found
 
 
 def uninstall(package: str = "sglang") -> None:
@@ -131,6 +156,12 @@ def uninstall(package: str = "sglang") -> None:
 def installed(package: str = "sglang") -> bool:
     patches = _PATCHES.get(package)
     return patches is not None and bool(patches.applied())
+
+
+def pending(package: str = "sglang") -> tuple[str, ...]:
+    """Backend modules ``install()`` wires when SGLang imports them."""
+    patches = _PATCHES.get(package)
+    return patches.pending() if patches is not None else ()
 
 
 def sglang_plugin() -> None:

@@ -22,7 +22,9 @@ warning per cause (``stats()``). ``install()`` / ``uninstall()`` (``wiring``) pa
 backends' ``get_builder_cls`` and ``compute_causal_conv1d_metadata`` where it is called;
 ``register()`` is the ``vllm.general_plugins`` entry point, a no-op unless ``CHUNKMETA_VLLM=1``.
 ``prepare_chunk_metadata_device`` (``kimi_k3``): a drop-in for the ROCm Kimi-K3 helper. Nothing
-here imports vLLM at import time: ``interface.load_vllm_api()`` does, inside ``install()``.
+here imports vLLM, at import time or in ``install()``: each module is wired when vLLM imports it
+(``interface.VllmModules``); ``interface.load_vllm_api()`` imports the classes for a caller that
+wants them now.
 """
 
 from chunkmeta.integrations.vllm.builders import (
@@ -48,6 +50,7 @@ from chunkmeta.integrations.vllm.interface import (
     KIMI_ROCM_MODULE,
     SUPPORTED_VLLM,
     VllmApi,
+    VllmModules,
     check_api,
     is_supported_version,
     load_vllm_api,
@@ -91,6 +94,7 @@ __all__ = [
     "MambaFamilyMixin",
     "Serves",
     "VllmApi",
+    "VllmModules",
     "check_api",
     "chunkmeta_builder_class",
     "conv_fields",

@@ -30,8 +30,9 @@ import weakref
 import torch
 
 from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations.plugin import keeps_engine_path
 from chunkmeta.integrations.vllm import tables as _tables
-from chunkmeta.integrations.vllm.interface import logger
+from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
 from chunkmeta.integrations.vllm.tables import CUTEDSL, Serves
 
 # gdn_prefill_backend values whose build() never calls _build_chunk_metadata: FlashInfer reads
@@ -96,6 +97,18 @@ def conv_metadata(original):
     return compute_causal_conv1d_metadata
 
 
+def wrapped_builder(cls: type) -> type:
+    """The vLLM builder a chunkmeta builder class wraps: the class after the mixins in its MRO."""
+    mro = cls.__mro__
+    return mro[mro.index(ChunkmetaBuilderMixin) + 1]
+
+
+def _wrapped(cls: type) -> type | None:
+    """``wrapped_builder(cls)``, or None for the mixins themselves (object follows them)."""
+    base = wrapped_builder(cls)
+    return None if base is object else base
+
+
 class ChunkmetaBuilderMixin:
     """Goes in front of a vLLM hybrid metadata builder (``chunkmeta_builder_class``).
 
@@ -125,9 +138,7 @@ class ChunkmetaBuilderMixin:
             self._chunkmeta_setup()
         except Exception as exc:  # noqa: BLE001  limits it cannot hold, or a fill that fails on this platform
             self.chunkmeta = None
-            logger.warning(
-                "chunkmeta: %s keeps vLLM's own step tables: %s: %s", type(self).__name__, type(exc).__name__, exc
-            )
+            keeps_engine_path(logger, f"{type(self).__name__} keeps vLLM's own step tables", exc, ENV_VAR)
         else:
             _BUILDERS.add(self)
 
@@ -147,16 +158,30 @@ class ChunkmetaBuilderMixin:
             self.supports_update_block_table = True
             self.mamba_aligned_state_indices = None
 
-    # -- the step ------------------------------------------------------------------------------
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # vLLM's build() of the builder this class wraps, called as a plain function: a super()
+        # call through *args costs about 2 us a step on CPU (measured), far more than the call
+        # itself, and decode-only steps must cost what vLLM's own build() does.
+        base = getattr(_wrapped(cls), "build", None)
+        if base is not None:
+            cls._chunkmeta_vllm_build = staticmethod(base)
 
-    def build(self, *args, **kwargs):
-        if self.chunkmeta is None:
-            return super().build(*args, **kwargs)
+    # -- the step ------------------------------------------------------------------------------
+    # Each family's build() has its vLLM builders' signature, so that a decode-only step (the
+    # common one, and the one CUDA graphs replay, where host time is the step) goes straight to
+    # vLLM's build() with the arguments as given: with no row over one token vLLM's build() asks
+    # for no table or, for a fresh one-token prompt, gets its own (every overridden point falls
+    # through to vLLM outside a chunkmeta build). One attribute read and one compare per step.
+
+    def _chunkmeta_step(self, *args, **kwargs):
+        """A step with a row over one token: vLLM's build() with the overridden points recording
+        what it asks for, then one chunkmeta build serving it all."""
         request = StepRequest(self)
         outer = getattr(_LOCAL, "request", None)
         _LOCAL.request = request
         try:
-            metadata = super().build(*args, **kwargs)
+            metadata = self._chunkmeta_vllm_build(self, *args, **kwargs)
         finally:
             _LOCAL.request = outer
         if self._chunkmeta_routes is not None:
@@ -212,6 +237,29 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
     """GDN-family builders: the FLA hook, the conv tables (non-spec rows) and the router's routes."""
 
     _chunkmeta_serves = Serves(fla=True, conv=True)
+
+    def build(
+        self,
+        common_prefix_len,
+        common_attn_metadata,
+        num_accepted_tokens=None,
+        num_decode_draft_tokens_cpu=None,
+        fast_build=False,
+    ):
+        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
+            # the last chunkmeta step's routes stay: they answer only that step's tensor objects,
+            # and vLLM's runner makes new ones every step (the next chunkmeta step replaces them)
+            return self._chunkmeta_vllm_build(
+                self,
+                common_prefix_len,
+                common_attn_metadata,
+                num_accepted_tokens,
+                num_decode_draft_tokens_cpu,
+                fast_build,
+            )
+        return self._chunkmeta_step(
+            common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
+        )
 
     def _chunkmeta_specs(self, vllm_config) -> dict:
         prefill_backend = getattr(self, "gdn_prefill_backend", None)
@@ -298,6 +346,13 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
 
     _chunkmeta_serves = Serves(conv=True)
 
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
+        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
+            if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
+                return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+            return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
+        return self._chunkmeta_step(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+
     def _chunkmeta_specs(self, vllm_config) -> dict:
         if not getattr(self, "needs_causal_conv1d_metadata", True):
             # a builder whose build() asks for no conv tables (vLLM 0.33.0: PleShortConv, not
@@ -364,12 +419,6 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
         super()._vllm_tables(metadata, request)
         if request.ssd is not None:
             _set_ssd(metadata, super()._build_chunk_metadata_tensors(*request.ssd))
-
-
-def wrapped_builder(cls: type) -> type:
-    """The vLLM builder a chunkmeta builder class wraps: the class after the mixins in its MRO."""
-    mro = cls.__mro__
-    return mro[mro.index(ChunkmetaBuilderMixin) + 1]
 
 
 def stats() -> dict:

@@ -38,8 +38,11 @@ MAMBA_BACKENDS = (
     ("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionBackend"),
     ("vllm.v1.attention.backends.short_conv_attn", "ShortConvAttentionBackend"),
 )
+GDN_MODULE = "vllm.v1.attention.backends.gdn_attn"
+GDN_BACKEND = "GDNAttentionBackend"
+GDN_BUILDER = "GDNAttentionMetadataBuilder"
 # the modules whose build() calls compute_causal_conv1d_metadata by name
-CONV_MODULES = ("vllm.v1.attention.backends.gdn_attn", "vllm.v1.attention.backends.mamba_attn")
+CONV_MODULES = (GDN_MODULE, "vllm.v1.attention.backends.mamba_attn")
 CONV_FUNCTION = "compute_causal_conv1d_metadata"
 CONV_PARAMS = ("query_start_loc_p_cpu", "device")
 HOOK = "_build_chunk_metadata"
@@ -47,6 +50,16 @@ HOOK_PARAMS = ("self", "prefill_query_start_loc", "prefill_query_start_loc_cpu",
 SSD_HOOK = "_build_chunk_metadata_tensors"
 SSD_HOOK_PARAMS = ("self", "chunk_size", "common", "common_attn_metadata", "checkpoint_offsets_p")
 INIT_PARAMS = ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")
+# build() as the chunkmeta builders take it (their decode-only steps pass these on as given)
+GDN_BUILD_PARAMS = (
+    "self",
+    "common_prefix_len",
+    "common_attn_metadata",
+    "num_accepted_tokens",
+    "num_decode_draft_tokens_cpu",
+    "fast_build",
+)
+MAMBA_BUILD_PARAMS = ("self", "common_prefix_len", "common_attn_metadata", "fast_build")  # then keywords only
 
 
 def is_gdn_family(builder: type) -> bool:
@@ -77,15 +90,35 @@ class VllmApi:
         return tuple(b for b in (self.gdn_backend, self.kimi_rocm_backend) if b is not None)
 
 
+@attrs.frozen
+class VllmModules:
+    """Where the classes and functions the adapter patches live, by module name: what
+    ``install()`` wires when vLLM imports each module (tests name stand-ins). ``gdn`` holds
+    ``GDNAttentionBackend`` and ``GDNAttentionMetadataBuilder``; ``conv``: modules whose
+    ``compute_causal_conv1d_metadata`` chunkmeta answers; ``mamba``: ``(module, backend class)``
+    of the Mamba family; the Kimi-K3 modules hold their backends (NVIDIA's also calls the conv
+    function by name)."""
+
+    gdn: str = GDN_MODULE
+    conv: tuple[str, ...] = CONV_MODULES
+    mamba: tuple[tuple[str, str], ...] = MAMBA_BACKENDS
+    kimi_rocm: str | None = KIMI_ROCM_MODULE
+    kimi_nvidia: str | None = KIMI_NVIDIA_MODULE
+
+
+MODULES = VllmModules()
+
+
 def vllm_version() -> str | None:
     return distribution_version("vllm")
 
 
 def load_vllm_api() -> VllmApi:
-    """The running vLLM's classes. Imports ``gdn_attn`` (safe in any vLLM process), never the
-    Kimi-K3 ROCm module: it imports vLLM's FLA utils, which query the GPU at import
-    (``torch.cuda.get_device_name``), and that must not happen in vLLM's API-server and
-    engine-core processes, which start workers afterwards."""
+    """The running vLLM's classes, imported now (``gdn_attn``, the Mamba-family backends): for a
+    caller that wants them resolved at once (``install(load_vllm_api())``, the tests). The plugin
+    never calls it (``install()`` waits for vLLM's own imports). Never imports the Kimi-K3 ROCm
+    module: it imports vLLM's FLA utils, which query the GPU at import
+    (``torch.cuda.get_device_name``)."""
     version = vllm_version()
     if version is None:
         raise ChunkMetaError("chunkmeta.integrations.vllm needs vLLM: pip install 'chunkmeta[vllm]' (vllm==0.33.0).")
@@ -127,17 +160,41 @@ def check_api(api: VllmApi) -> list[str]:
         problems.append(f"{api.gdn_builder.__name__} has no {HOOK} hook")
     elif _param_names(hook) != HOOK_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.{HOOK}{_param_names(hook)} is not {HOOK}{HOOK_PARAMS}")
+    problems += check_build(api.gdn_builder, GDN_BUILD_PARAMS)
     init = _param_names(api.gdn_builder.__init__)
     if init is None or init[: len(INIT_PARAMS)] != INIT_PARAMS:
         problems.append(f"{api.gdn_builder.__name__}.__init__{init} does not start with {INIT_PARAMS}")
     problems += [p for backend in api.backends() for p in check_backend(backend, api.gdn_builder)]
-    for backend in api.mamba_backends:
-        builder = backend.get_builder_cls()
-        ssd = getattr(builder, SSD_HOOK, None)
-        if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
-            problems.append(f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}")
+    problems += [p for backend in api.mamba_backends for p in check_mamba_backend(backend)]
     problems += [p for module in api.conv_modules for p in check_conv_module(module)]
     return problems
+
+
+def check_mamba_backend(backend: type) -> list[str]:
+    """Problems with ``backend`` as a Mamba-family backend whose builder chunkmeta can wrap."""
+    builder = backend.get_builder_cls()
+    ssd = getattr(builder, SSD_HOOK, None)
+    if ssd is None or _param_names(ssd) != SSD_HOOK_PARAMS:
+        return [f"{builder.__name__}.{SSD_HOOK} is not {SSD_HOOK}{SSD_HOOK_PARAMS}"]
+    return check_build(builder, MAMBA_BUILD_PARAMS)
+
+
+def check_build(builder: type, params: tuple[str, ...]) -> list[str]:
+    """Problems with ``builder.build`` as the chunkmeta builder's build() calls it: ``params``
+    first, anything after them keyword-only."""
+    try:
+        found = list(inspect.signature(builder.build).parameters.values())
+    except (AttributeError, TypeError, ValueError):
+        found = None
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)
+    if (
+        found is None
+        or tuple(p.name for p in found[: len(params)]) != params
+        or any(p.kind not in keyword for p in found[len(params) :])
+    ):
+        shown = None if found is None else tuple(p.name for p in found)
+        return [f"{builder.__name__}.build{shown} is not build{params} (then keywords only)"]
+    return []
 
 
 def check_conv_module(module) -> list[str]:
@@ -154,5 +211,5 @@ def check_backend(backend: type, gdn_builder: type) -> list[str]:
     getter = getattr(backend, "get_builder_cls", None)
     builder = getter() if callable(getter) else None
     if isinstance(builder, type) and issubclass(builder, gdn_builder):
-        return []
+        return check_build(builder, GDN_BUILD_PARAMS)
     return [f"{backend.__name__}.get_builder_cls() returns {builder!r}, not a {gdn_builder.__name__}"]

@@ -100,6 +100,7 @@ class StepRoutes:
 
     def __init__(self):
         self._routes: dict[str, Route | None] = dict.fromkeys(self.KEYS)
+        self._empty = True  # clear() of routes already clear costs one attribute read
         rtr = router()
         self._patches = [FlaPatch(_Service(self, key), rtr).install() for key in self.KEYS]
         weakref.finalize(self, _uninstall, self._patches)
@@ -107,10 +108,14 @@ class StepRoutes:
     def set(self, routes: dict[str, Route | None]) -> None:
         for key in self.KEYS:
             self._routes[key] = routes.get(key)
+        self._empty = not any(self._routes.values())
 
     def clear(self) -> None:
+        if self._empty:
+            return
         for key in self.KEYS:
             self._routes[key] = None
+        self._empty = True
 
     def get(self, key: str) -> Route | None:
         return self._routes[key]

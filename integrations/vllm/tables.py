@@ -56,19 +56,30 @@ def specs(serves: Serves, *, prefill_backend: str | None = None, mamba_chunk_siz
         # rows, which its build is handed as a whole query_start_loc (the batch slice again).
         out["conv"] = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
     if serves.ssd:
-        out["ssd"] = tables.Mamba2(mamba_chunk_size, checkpoints=True)
+        try:
+            out["ssd"] = tables.Mamba2(mamba_chunk_size, checkpoints=True)
+        except ChunkMetaError as exc:
+            raise ChunkMetaError(f"the model's Mamba2 chunk size (the builder's chunk_size): {exc}") from None
     return out
 
 
 def step_builder(vllm_config, device, table_specs: dict) -> StepTablesBuilder:
+    """The builder of one vLLM metadata builder; a limit chunkmeta cannot hold is named by vLLM's
+    own setting (the scheduler config's, the ``vllm serve`` flags)."""
     scheduler = vllm_config.scheduler_config
-    return StepTablesBuilder(
-        scheduler.max_num_seqs,
-        scheduler.max_num_batched_tokens,
-        tables=table_specs,
-        device=device,
-        ring_depth=RING_DEPTH,
-    )
+    try:
+        return StepTablesBuilder(
+            scheduler.max_num_seqs,
+            scheduler.max_num_batched_tokens,
+            tables=table_specs,
+            device=device,
+            ring_depth=RING_DEPTH,
+        )
+    except ChunkMetaError as exc:
+        raise ChunkMetaError(
+            f"sized from vLLM's max_num_seqs={scheduler.max_num_seqs!r} / max_num_batched_tokens="
+            f"{scheduler.max_num_batched_tokens!r} (--max-num-seqs / --max-num-batched-tokens): {exc}"
+        ) from None
 
 
 def warm_up(builder: StepTablesBuilder) -> None:

@@ -7,11 +7,17 @@ replaces ``compute_causal_conv1d_metadata`` in the modules whose ``build()`` cal
 (``builders.conv_metadata``: vLLM's function outside a chunkmeta build). Patching the backend class, rather
 than overriding ``GDN_ATTN`` in vLLM's backend registry, keeps the backend's identity
 (``get_name()``, ``full_cls_name()``: the attention-group key), leaves other registry overrides
-alone, and is not defeated by the selector's ``@cache``. The Kimi-K3 module is patched when vLLM
-imports it, never imported here (see ``interface.load_vllm_api``).
+alone, and is not defeated by the selector's ``@cache``.
+
+Nothing of vLLM is imported here: vLLM runs its plugins in the API server and the engine core too,
+which build no model (and some modules query the GPU at import). Each module is wired by an import
+hook right after vLLM itself imports it (``plugin.Patches.when_imported``), at once if it is
+imported already.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
@@ -20,10 +26,13 @@ from chunkmeta.integrations.vllm.builders import chunkmeta_builder_class, conv_m
 from chunkmeta.integrations.vllm.interface import (
     CONV_FUNCTION,
     ENV_VAR,
+    GDN_BACKEND,
+    GDN_BUILDER,
     KIMI_NVIDIA_BACKEND,
     KIMI_ROCM_BACKEND,
     SUPPORTED_VLLM,
     VllmApi,
+    VllmModules,
     logger,
 )
 
@@ -59,43 +68,108 @@ def _patch_conv(module) -> None:
             _PATCHES.apply(module, CONV_FUNCTION, conv_metadata(getattr(module, CONV_FUNCTION)))
 
 
-def _wire_kimi(backend_name: str, gdn_builder: type, *, conv: bool):
+def _refuse(version: str, problems: list[str]) -> None:
+    if problems:
+        raise ChunkMetaError(
+            f"vLLM {version} does not have the interface chunkmeta patches: {'; '.join(problems)}. "
+            f"Use vllm=={SUPPORTED_VLLM[-1]}."
+        )
+
+
+def _wire_kimi(backend_name: str, gdn_builder, *, conv: bool):
     """Wire a Kimi-K3 backend module when vLLM imports it (``conv``: its build() calls
-    ``compute_causal_conv1d_metadata`` by name, NVIDIA's; ROCm's goes through ``gdn_attn``)."""
+    ``compute_causal_conv1d_metadata`` by name, NVIDIA's; ROCm's goes through ``gdn_attn``).
+    ``gdn_builder``: the class, or a function giving it when the module is wired."""
 
     def wire(module):
+        base = gdn_builder() if not isinstance(gdn_builder, type) else gdn_builder
         backend = getattr(module, backend_name)
-        problems = interface.check_backend(backend, gdn_builder)
+        problems = interface.check_backend(backend, base)
         if problems:
             raise ChunkMetaError("; ".join(problems))
         if conv:
             _patch_conv(module)
-        _patch(backend, gdn_builder)
+        _patch(backend, base)
         logger.info("chunkmeta: %s wired to %s", backend_name, backend.get_builder_cls().__name__)
 
     return wire
 
 
-def install(api: VllmApi | None = None, *, allow_untested: bool = False) -> tuple[type, ...]:
+def _module_wiring(version: str, modules: VllmModules) -> dict:
+    """Module name -> what to do once it is imported: every patch of that module, in one call
+    (one import hook per module; a module that fails its check keeps vLLM's own path)."""
+    jobs: dict[str, list] = {}
+
+    def gdn(module):
+        backend, builder = getattr(module, GDN_BACKEND, None), getattr(module, GDN_BUILDER, None)
+        if not isinstance(backend, type) or not isinstance(builder, type):
+            raise ChunkMetaError(f"{module.__name__} has no {GDN_BACKEND} / {GDN_BUILDER}")
+        _refuse(version, interface.check_api(VllmApi(version, backend, builder)))
+        _patch(backend, builder)
+
+    def mamba(name):
+        def wire(module):
+            backend = getattr(module, name)
+            _refuse(version, interface.check_mamba_backend(backend))
+            _patch(backend, None)
+
+        return wire
+
+    def gdn_builder():
+        return getattr(importlib.import_module(modules.gdn), GDN_BUILDER)  # the Kimi-K3 module imported it
+
+    for name in modules.conv:
+        jobs.setdefault(name, []).append(_patch_conv)
+    jobs.setdefault(modules.gdn, []).append(gdn)
+    for name, backend in modules.mamba:
+        jobs.setdefault(name, []).append(mamba(backend))
+    if modules.kimi_rocm is not None:
+        jobs.setdefault(modules.kimi_rocm, []).append(_wire_kimi(KIMI_ROCM_BACKEND, gdn_builder, conv=False))
+    if modules.kimi_nvidia is not None:
+        jobs.setdefault(modules.kimi_nvidia, []).append(_wire_kimi(KIMI_NVIDIA_BACKEND, gdn_builder, conv=True))
+
+    def wiring(steps):
+        def wire(module):
+            with _PATCHES.all_or_nothing():  # a module is wired whole or not at all
+                for step in steps:
+                    step(module)
+
+        return wire
+
+    return {name: wiring(steps) for name, steps in jobs.items()}
+
+
+def install(
+    api: VllmApi | None = None, *, allow_untested: bool = False, modules: VllmModules | None = None
+) -> tuple[type, ...]:
     """Route vLLM's GDN, Kimi-K3 (NVIDIA, ROCm) and Mamba-family metadata builders through chunkmeta. Idempotent.
 
-    Patches ``get_builder_cls`` of each backend in ``api`` (default: the running vLLM's) to
-    return the chunkmeta builder over the builder it returned before; the Kimi-K3 ROCm backend
-    when vLLM imports its module, if it has not yet. Call it before vLLM builds its attention
-    groups (the plugin, ``register()``, runs early enough in every process). Returns the
-    builder classes installed so far. Raises ``ChunkMetaError`` for a vLLM whose interface
-    differs (a Kimi-K3 module imported already included), or whose version is untested unless
-    ``allow_untested``; a call that raises has undone what it applied (an earlier call's patches
-    stay). A Kimi-K3 module vLLM imports later and whose interface differs is logged, not raised.
+    Without ``api`` (the plugin's way): imports nothing of vLLM. Each module of ``modules``
+    (default ``interface.MODULES``) is wired right after vLLM itself imports it (``plugin.Patches
+    .when_imported``), or at once if it is imported already: ``get_builder_cls`` of its backend
+    returns the chunkmeta builder over the builder it returned before, ``compute_causal_conv1d_metadata``
+    becomes chunkmeta's stand-in. The version is read from the distribution's metadata. With
+    ``api`` (classes resolved already, e.g. ``load_vllm_api()``): those are patched at once.
+
+    Call it before vLLM builds its attention groups (the plugin, ``register()``, runs early enough
+    in every process). Returns the builder classes installed so far. Raises ``ChunkMetaError`` for
+    a vLLM whose version is untested unless ``allow_untested``, or whose interface differs where it
+    is imported already; a call that raises has undone what it applied (an earlier call's patches
+    stay). A module vLLM imports later whose interface differs is logged and keeps vLLM's path.
     """
-    api = api if api is not None else interface.load_vllm_api()
+    if api is None:
+        version = interface.vllm_version()
+        if version is None:
+            raise ChunkMetaError(
+                "chunkmeta.integrations.vllm needs vLLM: pip install 'chunkmeta[vllm]' (vllm==0.33.0)."
+            )
+        interface.GATE.check(version, logger, allow_untested=allow_untested)
+        with _PATCHES.all_or_nothing():
+            for name, wire in _module_wiring(version, modules or interface.MODULES).items():
+                _PATCHES.when_imported(name, wire)
+        return tuple(installed().values())
     interface.GATE.check(api.version, logger, allow_untested=allow_untested)
-    problems = interface.check_api(api)
-    if problems:
-        raise ChunkMetaError(
-            f"vLLM {api.version} does not have the interface chunkmeta patches: {'; '.join(problems)}. "
-            f"Use vllm=={SUPPORTED_VLLM[-1]}."
-        )
+    _refuse(api.version, interface.check_api(api))
     with _PATCHES.all_or_nothing():  # a failure (a Kimi-K3 module imported already, changed) undoes this call
         for module in api.conv_modules:
             _patch_conv(module)
@@ -143,6 +217,9 @@ def register() -> None:
     warning and vLLM runs with its own chunk metadata.
     """
     builders = plugin.enable(ENV_VAR, logger, "vLLM", lambda force: install(allow_untested=force), allow_force=True)
-    if builders:
-        later = f" (and {', '.join(pending())} when vLLM imports it)" if pending() else ""
-        logger.info("chunkmeta: vLLM chunk metadata built by %s%s", ", ".join(b.__name__ for b in builders), later)
+    if builders is not None:
+        logger.info(
+            "chunkmeta: vLLM chunk metadata built by %s; wired when vLLM imports them: %s",
+            ", ".join(b.__name__ for b in builders) or "no builder yet",
+            ", ".join(pending()) or "nothing",
+        )

@@ -29,7 +29,7 @@ import sglang_cpu_stubs
 sglang_cpu_stubs.install()  # before any SGLang import: its config modules import torchvision
 
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
-from sglang.srt.layers.attention.linear import gdn_backend
+from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -41,19 +41,18 @@ from chunkmeta.integrations.sglang.mamba2 import Mamba2ChunkMeta
 from chunkmeta.step_builder import StepTablesBuilder
 from sglang_faults import chunkmeta_warnings, failing
 from sync_count import SyncCounter
-from test_sglang_real import FLA, KernelRecorder, Pool, backend
+from test_sglang_real import CONV_LEN, FLA, KernelRecorder, backend, construct, model_runner
 
-CONV_LEN = 3  # the conv state's width - 1 (a kernel of 4)
 STOCK_MAMBA2 = hlab.Mamba2AttnBackend
 
 
 def mamba2_backend(cls, chunk_size):
-    """A Mamba2 backend with the fields its metadata path reads (its __init__ needs a model runner)."""
-    obj = object.__new__(cls)
-    obj.device, obj.req_to_token_pool, obj.forward_metadata, obj.topk = "cpu", Pool(), None, 0
-    obj._mamba_chunk_size, obj.conv_states_shape = chunk_size, (Pool.size, 8, CONV_LEN)
+    """A Mamba2 backend made by SGLang's ``__init__`` on a stand-in model runner whose model has
+    ``mamba_chunk_size=chunk_size`` (chunkmeta's subclass sizes its ``Mamba2ChunkMeta`` there)."""
+    obj = construct(cls, model_runner(mamba_chunk_size=chunk_size))
+    assert obj.mamba_chunk_size == chunk_size
     if cls is not STOCK_MAMBA2:
-        obj.chunkmeta = Mamba2ChunkMeta(device="cpu", max_num_seqs=64, max_num_tokens=1 << 14)
+        assert isinstance(obj.chunkmeta, Mamba2ChunkMeta)
     return obj
 
 
@@ -154,7 +153,7 @@ def random_cases(seed=0, count=40):
         yield lens, prefix, ForwardMode.EXTEND if rng.integers(0, 2) else ForwardMode.MIXED
 
 
-@pytest.mark.parametrize("chunk_size", [64, 16])
+@pytest.mark.parametrize("chunk_size", [16, 64, 128, 256])  # Nemotron-H, Falcon-H1: 128, 256
 def test_mamba2_metadata_equals_prepare_mixed(monkeypatch, chunk_size):
     with_prefix = without = 0
     for lens, prefix, mode in [*CASES, *random_cases()]:
@@ -280,7 +279,8 @@ def test_mamba2_failed_warm_up_keeps_prepare_mixed(monkeypatch, caplog):
                 assert_same(ours.forward_metadata, stock.forward_metadata)
         ours.init_forward_metadata(forward_batch([9, 80], [3, 0]))
     assert chunkmeta_warnings(caplog) == [
-        "chunkmeta: Mamba2 keeps SGLang's own prepare_mixed: RuntimeError: NVRTC: compilation failed"
+        "chunkmeta: Mamba2 keeps SGLang's own prepare_mixed: RuntimeError: NVRTC: compilation failed "
+        "(the engine runs on without it; CHUNKMETA_SGLANG=0 turns chunkmeta off)"
     ]
     assert chunks.builder is None and chunks.disabled == "RuntimeError: NVRTC: compilation failed"
     assert chunks.counts == {"mamba2": 0, "stock": 4, "fallback": 0, "build_failed": 0}
@@ -313,13 +313,12 @@ def test_install_puts_mamba2_where_sglang_finds_it():
 
 
 def gdn_pair(monkeypatch):
+    """SGLang's GDN backend and chunkmeta's, both made by SGLang's ``__init__`` on one runner."""
     monkeypatch.setattr(gdn_backend, "is_cuda", lambda: True)  # SGLang builds the table on CUDA only
-    ours = backend("gdn", conv_block_m=gdn_backend.CAUSAL_CONV1D_FWD_BLOCK_M)
-    stock = object.__new__(gdn_backend.GDNAttnBackend)
-    stock.__dict__.update({k: v for k, v in vars(ours).items() if k != "chunkmeta"})
-    stock.conv_states_shape = ours.conv_states_shape = (Pool.size, 8, CONV_LEN)
-    stock._mamba_chunk_size = ours._mamba_chunk_size = 64
-    return stock, ours
+    runner = model_runner()
+    ours = backend("gdn", runner)
+    assert ours.chunkmeta.conv_block_m == gdn_backend.CAUSAL_CONV1D_FWD_BLOCK_M
+    return construct(gdn_backend.GDNAttnBackend, runner), ours
 
 
 def test_gdn_conv_block_table_equals_sglangs(monkeypatch):
@@ -384,31 +383,51 @@ def test_gdn_failed_build_gives_sglangs_metadata(monkeypatch, caplog, error):
         chunks.close()
 
 
-def test_gdn_failed_warm_up_keeps_sglangs_backend(monkeypatch, caplog):
-    """The exact builder's warm-up fails when the backend is made: no chunkmeta on that backend."""
-    from types import SimpleNamespace
+SETUP_FAILURES = {  # failure -> (environment, a fill that fails to warm up, what the warning names)
+    "max_num_seqs": (
+        {"CHUNKMETA_SGLANG_MAX_NUM_SEQS": "0"},
+        None,
+        "CHUNKMETA_SGLANG_MAX_NUM_SEQS='0': must be a positive int (or unset, to size from the server args)",
+    ),
+    "max_num_tokens": (
+        {"CHUNKMETA_SGLANG_MAX_NUM_TOKENS": "lots"},
+        None,
+        "CHUNKMETA_SGLANG_MAX_NUM_TOKENS='lots': must be a positive int",
+    ),
+    "warm_up": ({}, RuntimeError("NVRTC: compilation failed"), "RuntimeError: NVRTC: compilation failed"),
+}
+STOCK_BACKENDS = {"kda": kda_backend.KDAAttnBackend, "gdn": gdn_backend.GDNAttnBackend, "mamba2": STOCK_MAMBA2}
 
-    from sglang.srt.server_args import ServerArgs
 
-    runner = SimpleNamespace(
-        server_args=ServerArgs(model_path="unused"),
-        req_to_token_pool=Pool(),
-        max_running_requests=None,
-        model_config=SimpleNamespace(context_len=8192),
-        device="cpu",
-    )
-    obj = object.__new__(sg.chunkmeta_backend(gdn_backend.GDNAttnBackend, kind="gdn", fla_package=FLA))
+@pytest.mark.parametrize(
+    "kind, failure",
+    # Mamba2's builder warms up on its first extend, not here: test_mamba2_failed_warm_up_keeps_prepare_mixed
+    [(k, f) for k in sorted(STOCK_BACKENDS) for f in sorted(SETUP_FAILURES) if (k, f) != ("mamba2", "warm_up")],
+)
+def test_backend_chunkmeta_cannot_set_up_keeps_sglangs_path(monkeypatch, caplog, kind, failure):
+    """chunkmeta's backend made by SGLang's own constructor with a sizing variable it refuses or a
+    fill that fails its warm-up: the backend is made (SGLang starts), has no chunkmeta, says so in
+    one warning naming the variable and CHUNKMETA_SGLANG=0, and its forwards are SGLang's own."""
+    environment, error, named = SETUP_FAILURES[failure]
+    stock_cls = STOCK_BACKENDS[kind]
+    cls = sg.chunkmeta_backend(stock_cls, kind=kind, fla_package=FLA if kind != "mamba2" else None)
     with caplog.at_level(logging.WARNING, logger="chunkmeta"):
         with monkeypatch.context() as patch:
-            failing(patch, StepTablesBuilder, "build", [RuntimeError("NVRTC: compilation failed")])
-            made = sg.BackendChunkMeta.for_backend(obj, runner, None, conv_block_m=8)
-    assert made is None
-    assert chunkmeta_warnings(caplog) == [
-        f"chunkmeta: {type(obj).__name__} keeps SGLang's own chunk metadata: RuntimeError: NVRTC: compilation failed"
-    ]
-    made = sg.BackendChunkMeta.for_backend(obj, runner, None, conv_block_m=8)  # the fill works: served
-    assert made is not None and made.steps.builds == 1  # its warm-up
-    made.close()
+            for name, value in environment.items():
+                patch.setenv(name, value)
+            if error is not None:
+                failing(patch, StepTablesBuilder, "build", [error])
+            ours = construct(cls)
+    warned = chunkmeta_warnings(caplog)
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"chunkmeta: {cls.__name__} keeps SGLang's own ") and named in warned[0], warned
+    assert "CHUNKMETA_SGLANG=0 turns chunkmeta off" in warned[0]
+    assert ours.chunkmeta is None
+    stock = construct(stock_cls)
+    for lens, prefix, mode in CASES[:3]:
+        stock.init_forward_metadata(forward_batch(lens, prefix, mode))
+        ours.init_forward_metadata(forward_batch(lens, prefix, mode))
+        assert_same(ours.forward_metadata, stock.forward_metadata)
 
 
 def test_conv_table_rule_is_sglangs():

@@ -12,6 +12,8 @@ its kernels (GDN), whose Triton kernels are replaced by recorders.
 import contextlib
 import importlib.util
 import inspect
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -152,11 +154,17 @@ def test_install_uninstall_and_the_plugin_entry_point(monkeypatch):
 # -- SGLang's own metadata code with chunkmeta's tables --------------------------------------------
 
 
+CONV_LEN = 3  # the conv state's width - 1 (a kernel of 4)
+
+
 class Pool:
-    """The req_to_token_pool calls the metadata path makes (slot 0 is the padding slot)."""
+    """The req_to_token_pool calls the metadata path makes (slot 0 is the padding slot), and the
+    conv state whose shape the backends' __init__ reads (no ReplaySSM ring)."""
 
     size = 16
-    mamba_pool = None
+    mamba_pool = SimpleNamespace(
+        enable_linear_replayssm=False, mamba_cache=SimpleNamespace(conv=[torch.zeros(size + 1, 8, CONV_LEN)])
+    )
 
     def get_mamba_indices(self, req_pool_indices):
         return (req_pool_indices + 1).to(torch.int32)
@@ -165,22 +173,44 @@ class Pool:
         return indices
 
 
-def backend(kind, **chunkmeta_kwargs):
-    """chunkmeta's subclass of SGLang's backend, with the fields its metadata path reads set by
-    hand (its __init__ needs a whole model runner), and chunkmeta attached as __init__ does
-    (``chunkmeta_kwargs``: more ``BackendChunkMeta`` arguments)."""
-    cls = sg.chunkmeta_backend(STOCK[kind], kind=kind, fla_package=FLA)
-    obj = object.__new__(cls)
-    obj.device, obj.req_to_token_pool, obj.forward_metadata, obj.topk = "cpu", Pool(), None, 0
-    obj.enable_mis, obj.mis_metadata = False, None
+def model_runner(mamba_chunk_size=64, **server_args):
+    """A stand-in ModelRunner with the fields SGLang's KDA / GDN / Mamba2 ``__init__`` and
+    chunkmeta's sizing read (Triton kernels, a 16-request pool, unresolved ServerArgs)."""
+    from sglang.srt.server_args import ServerArgs
+
     triton = LinearAttnKernelBackend.TRITON
-    dispatcher = kda_backend.KDAKernelDispatcher if kind == "kda" else gdn_backend.GDNKernelDispatcher
-    obj.kernel_dispatcher = dispatcher(triton, triton, triton)
-    obj.chunkmeta = sg.BackendChunkMeta(
-        device="cpu", max_num_seqs=16, max_num_tokens=4096, router=cls._chunkmeta_router, **chunkmeta_kwargs
+    return SimpleNamespace(
+        server_args=ServerArgs(model_path="unused", **server_args),
+        device="cpu",
+        is_draft_worker=False,
+        req_to_token_pool=Pool(),
+        token_to_kv_pool=None,
+        max_running_requests=None,
+        model_config=SimpleNamespace(
+            context_len=8192, hf_text_config=SimpleNamespace(mamba_chunk_size=mamba_chunk_size)
+        ),
+        linear_attn_backends=SimpleNamespace(decode=triton, prefill=triton, verify=triton),
     )
-    if cls._chunkmeta_kwargs:
-        sg.add_tables_to_dispatcher(obj)
+
+
+def construct(cls, runner=None):
+    """``cls(runner)``, SGLang's own constructor (and chunkmeta's ``__init__`` hook in it), under a
+    runtime context of the runner's server args, which the scheduler publishes before it builds
+    the model runner (the backends read it through get_spec() / get_exec())."""
+    from sglang.srt.runtime_context import ParallelContext, RuntimeContext, use_context
+
+    runner = runner or model_runner()
+    context = RuntimeContext(parallel=ParallelContext())
+    context.set_server_args(runner.server_args)
+    with use_context(context):
+        return cls(runner)
+
+
+def backend(kind, runner=None):
+    """chunkmeta's subclass of SGLang's backend, made by SGLang's ``__init__`` (``construct``):
+    chunkmeta is attached and sized there, as in a server."""
+    obj = construct(sg.chunkmeta_backend(STOCK[kind], kind=kind, fla_package=FLA), runner)
+    assert isinstance(obj.chunkmeta, sg.BackendChunkMeta)
     return obj
 
 
@@ -439,3 +469,72 @@ def test_sglang_graph_hooks_pass_through():
             obj.init_forward_metadata_out_graph(forward_batch([100, 5]), in_capture=True)
     finally:
         obj.chunkmeta.close()
+
+
+# -- the plugin in a fresh SGLang process --------------------------------------------------------
+
+SGLANG_TESTS = str(Path(__file__).parent)
+
+
+def sglang_plugin_imports(opted_in):
+    from engine_imports import plugin_imports
+
+    return plugin_imports(
+        package="sglang",
+        loader_module="sglang.srt.plugins",
+        load="sglang.srt.plugins.load_plugins()",
+        env_var="CHUNKMETA_SGLANG",
+        opted_in=opted_in,
+        env={"SGLANG_PLUGINS": "chunkmeta"},
+        # the tests' torchvision stand-in, as in this process (no sglang module of its own)
+        prelude=f"sys.path.insert(0, {SGLANG_TESTS!r})\nimport sglang_cpu_stubs\nsglang_cpu_stubs.install()",
+        after_load="""
+            import torch
+            from chunkmeta.integrations import sglang as sg
+
+            extra = {"pending": list(getattr(sg, "pending", tuple)()), "cuda": torch.cuda.is_initialized()}
+            # what SGLang's backend selection imports (attention_registry.py, inside the function)
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+            from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+            from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+            classes = (KDAAttnBackend, GDNAttnBackend, Mamba2AttnBackend)
+            extra["wired"] = [c.__module__ == sg.backends.__name__ for c in classes]
+        """,
+    )
+
+
+def test_plugin_imports_no_sglang_module_in_a_fresh_process():
+    """SGLang calls load_plugins() in its engine, detokenizer and every scheduler process: with
+    CHUNKMETA_SGLANG=1 the plugin adds no SGLang module to what the loader imports by itself (its
+    patches wait for SGLang's own import of the backend modules), and it still wires every
+    backend once SGLang imports them."""
+    baseline, off = sglang_plugin_imports(opted_in=False)
+    new, on = sglang_plugin_imports(opted_in=True)
+    assert sorted(set(new) - set(baseline)) == [], f"{len(set(new) - set(baseline))} SGLang modules imported"
+    assert off["wired"] == [False, False, False] and off["pending"] == []
+    assert on["wired"] == [True, True, True] and on["pending"] and not on["cuda"], on
+
+
+@pytest.mark.parametrize(
+    "lens, same",
+    [([70, 5, 0, 0], True), ([300, 1, 64], True), ([5, 0, 65], False), ([0, 64], False)],
+    ids=["trailing_empty", "no_empty", "empty_inside", "empty_first"],
+)
+def test_exact_tables_against_sglangs_vendored_helpers(made, lens, same):
+    """The exact tables are the vendored prepare_chunk_indices / _offsets' own while zero-length
+    rows trail (DP padding); an empty row before a non-empty one makes the vendored helper
+    renumber the sequences after it, and chunkmeta keeps the cu_seqlens index (docs/sglang.md)."""
+    from sglang.kernels.ops.attention.fla import index
+
+    obj = backend("gdn")
+    made.append(obj)
+    obj.init_forward_metadata(forward_batch(lens))
+    tables = obj.chunkmeta.tables
+    qsl = tables.query_start_loc.clone()  # a fresh object: the vendored helpers' cache keys on identity
+    vendored = index.prepare_chunk_indices(qsl, 64)
+    assert torch.equal(tables.chunk_offsets, index.prepare_chunk_offsets(qsl, 64))
+    assert torch.equal(tables.chunk_indices, vendored) == same
+    check(tables, lens, "exact")  # the contract: row (i, t) with i the cu_seqlens index
+    offsets = tables.chunk_offsets.tolist()
+    assert [offsets[i] + t for i, t in rows(tables.chunk_indices)] == list(range(tables.num_rows))

@@ -159,11 +159,15 @@ def test_random_steps_match_vllm_default(spec):
     rng = np.random.default_rng(7 + spec)
     stock = make(fake.GDNAttentionMetadataBuilder, spec=spec, max_num_seqs=32)
     ours = make(cm_class(), spec=spec, max_num_seqs=32)
+    served = 0
     for _ in range(60):
         case = random_case(rng, spec)
         got, want = build(ours, case), build(stock, case)
         assert_same_step(got, want)
-    assert steps(ours) == stock.hook_calls == 60
+        served += max(case[0]) > 1
+    # a step of one-token rows goes straight to vLLM's build(): a fresh one-token prompt there
+    # gets vLLM's own tables (the same ones)
+    assert stock.hook_calls == 60 and steps(ours) == served and served > 50
 
 
 def test_tables_stay_intact_for_ring_depth_minus_one_builds():
@@ -544,62 +548,81 @@ def test_install_refuses_untested_or_changed_vllm():
 # -- the plugin --------------------------------------------------------------------------------
 
 
+# the model's modules as the plugin finds them (all imported already: wired at once)
+FAKE_MODULES = adapter.VllmModules(gdn="vllm_fake", conv=(), mamba=(), kimi_rocm="vllm_fake", kimi_nvidia=None)
+
+
 @pytest.fixture
 def plugin_env(monkeypatch):
-    """register() with the model standing in for the running vLLM."""
-    loads = []
-
-    def load(version="0.33.0"):
-        loads.append(version)
-        return fake.api(version)
-
-    monkeypatch.setattr(adapter.interface, "load_vllm_api", load)
+    """register() with the model standing in for the running vLLM's modules and version."""
+    monkeypatch.setattr(adapter.interface, "MODULES", FAKE_MODULES)
+    monkeypatch.setattr(adapter.interface, "vllm_version", lambda: "0.33.0")
     monkeypatch.delenv(adapter.ENV_VAR, raising=False)
-    return monkeypatch, loads
+    return monkeypatch
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "false", "OFF", "no"])
 def test_plugin_is_a_no_op_unless_opted_in(plugin_env, value):
-    monkeypatch, loads = plugin_env
+    monkeypatch = plugin_env
     if value is not None:
         monkeypatch.setenv(adapter.ENV_VAR, value)
     adapter.register()
-    assert loads == [] and adapter.installed() == {}
+    assert adapter.installed() == {} and adapter.pending() == ()
     assert fake.GDNAttentionBackend.get_builder_cls() is fake.GDNAttentionMetadataBuilder
 
 
 @pytest.mark.parametrize("value", ["1", "true", " Yes ", "on"])
 def test_plugin_installs_when_opted_in(plugin_env, value):
-    monkeypatch, loads = plugin_env
+    monkeypatch = plugin_env
     monkeypatch.setenv(adapter.ENV_VAR, value)
     adapter.register()
     adapter.register()  # vLLM loads plugins in every process, and tests may load twice
-    assert len(loads) == 2 and set(adapter.installed()) == {fake.GDNAttentionBackend, fake.KimiK3ROCmKDABackend}
+    assert set(adapter.installed()) == {fake.GDNAttentionBackend, fake.KimiK3ROCmKDABackend}
     assert issubclass(fake.GDNAttentionBackend.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
 
 
+def test_plugin_wires_a_module_when_vllm_imports_it(plugin_env, tmp_path):
+    """The plugin imports no vLLM module: a module not imported yet is wired right after vLLM's
+    own import of it."""
+    monkeypatch = plugin_env
+    name = "cm_vllm_gdn_attn"
+    (tmp_path / f"{name}.py").write_text(
+        "from vllm_fake import GDNAttentionBackend, GDNAttentionMetadataBuilder  # noqa: F401\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    modules = adapter.VllmModules(gdn=name, conv=(), mamba=(), kimi_rocm=None, kimi_nvidia=None)
+    monkeypatch.setattr(adapter.interface, "MODULES", modules)
+    monkeypatch.setenv(adapter.ENV_VAR, "1")
+    adapter.register()
+    assert name not in sys.modules and adapter.pending() == (name,) and adapter.installed() == {}
+    assert fake.GDNAttentionBackend.get_builder_cls() is fake.GDNAttentionMetadataBuilder
+    module = importlib.import_module(name)
+    assert issubclass(module.GDNAttentionBackend.get_builder_cls(), adapter.ChunkmetaBuilderMixin)
+    assert adapter.pending() == () and set(adapter.installed()) == {fake.GDNAttentionBackend}
+
+
 def test_plugin_warns_instead_of_failing(plugin_env, caplog):
-    monkeypatch, _ = plugin_env
+    monkeypatch = plugin_env
     caplog.set_level(logging.WARNING, logger=adapter.logger.name)
     monkeypatch.setenv(adapter.ENV_VAR, "maybe")
     adapter.register()
     assert "CHUNKMETA_VLLM='maybe' is not understood" in caplog.text
 
     monkeypatch.setenv(adapter.ENV_VAR, "1")
-    monkeypatch.setattr(adapter.interface, "load_vllm_api", lambda: fake.api("0.35.0"))
+    monkeypatch.setattr(adapter.interface, "vllm_version", lambda: "0.35.0")
     adapter.register()
-    assert "vLLM 0.35.0 is untested" in caplog.text and adapter.installed() == {}
+    assert "vLLM 0.35.0 is untested" in caplog.text and adapter.installed() == {} and adapter.pending() == ()
     monkeypatch.setenv(adapter.ENV_VAR, "force")
     adapter.register()
     assert fake.GDNAttentionBackend in adapter.installed()
     adapter.uninstall()
 
-    def broken():
-        raise ImportError("cannot import name 'GDNAttentionMetadataBuilder'")
-
-    monkeypatch.setattr(adapter.interface, "load_vllm_api", broken)
+    changed = adapter.VllmModules(gdn="vllm_fake", conv=("vllm_fake",), mamba=(), kimi_rocm=None, kimi_nvidia=None)
+    monkeypatch.setattr(adapter.interface, "MODULES", changed)  # no compute_causal_conv1d_metadata there
     adapter.register()
-    assert "ImportError: cannot import name" in caplog.text and adapter.installed() == {}
+    assert "compute_causal_conv1d_metadata is not" in caplog.text and adapter.installed() == {}
+    assert fake.GDNAttentionBackend.get_builder_cls() is fake.GDNAttentionMetadataBuilder
 
 
 def test_plugin_without_vllm_installed_only_warns(monkeypatch, caplog):

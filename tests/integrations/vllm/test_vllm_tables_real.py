@@ -429,3 +429,68 @@ def test_uninstall_restores_the_router(configs, monkeypatch):
     md = build(newer, case)
     index.prepare_chunk_indices(md.non_spec_query_start_loc, 64)
     assert rtr.hits == hits + 2
+
+
+# -- a builder chunkmeta cannot be set up for: vLLM's own, one warning -------------------------
+
+
+def scheduler_over_capacity(config):
+    """``config`` with vLLM's --max-num-seqs past what one chunkmeta build holds (1 << 16)."""
+    from vllm.config import VllmConfig
+
+    scheduler = vllm_real_batches.scheduler_config(1 << 20, 1 << 20)
+    return VllmConfig(model_config=config.model_config, scheduler_config=scheduler)
+
+
+SETUP_FAILURES = {
+    # (a vLLM setting chunkmeta cannot hold, what the warning names), (a fill that fails to warm up)
+    "sizing": (scheduler_over_capacity, None, "--max-num-seqs"),
+    "warm_up": (lambda config: config, RuntimeError("NVRTC: compilation failed"), "NVRTC"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(SETUP_FAILURES))
+@pytest.mark.parametrize(
+    "backend, config, kind",
+    [
+        (gdn_attn.GDNAttentionBackend, "gdn", MambaAttentionBackendEnum.GDN_ATTN),
+        (mamba2_attn.Mamba2AttentionBackend, "mamba", MambaAttentionBackendEnum.MAMBA2),
+    ],
+    ids=["gdn", "mamba2"],
+)
+def test_builder_chunkmeta_cannot_set_up_keeps_vllms_path(configs, monkeypatch, caplog, failure, backend, config, kind):
+    """The builder class vLLM gets from the patched backend, made by vLLM's own constructor with a
+    setting chunkmeta cannot hold or a fill that fails to warm up: the builder is made (vLLM
+    starts), keeps vLLM's own tables on every step, and says so once, naming the setting and
+    CHUNKMETA_VLLM=0."""
+    make_config, error, named = SETUP_FAILURES[failure]
+    vllm_config = make_config(configs[config])
+    if error is not None:
+        from chunkmeta.step_builder import StepTablesBuilder
+
+        real = StepTablesBuilder.build
+        pending = [error]
+
+        def build_once_failing(self, *args, **kwargs):
+            if pending:
+                raise pending.pop()
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(StepTablesBuilder, "build", build_once_failing)
+    cls = backend.get_builder_cls()
+    assert issubclass(cls, adapter.ChunkmetaBuilderMixin)
+    stock_cls = adapter.wrapped_builder(cls)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        ours = cls(spec_for(kind), LAYERS, vllm_config, DEVICE)
+    stock = stock_cls(spec_for(kind), LAYERS, vllm_config, DEVICE)
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("vllm.chunkmeta")]
+    assert len(warned) == 1 and named in warned[0] and "CHUNKMETA_VLLM=0" in warned[0], warned
+    assert f"{cls.__name__} keeps vLLM's own step tables" in warned[0]
+    assert ours.chunkmeta is None and not ours.chunkmeta_stats()["active"]
+    for name in ("decode_first", "chunked_prefill"):
+        got, want = build(ours, BATCHES[name]), build(stock, BATCHES[name])
+        assert_same_conv(got, want)
+        if config == "gdn":
+            assert_same_fla(got, want)
+        else:
+            assert_same_ssd(got, want)

@@ -93,7 +93,8 @@ PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   const Steps *st = capsule && PyCapsule_CheckExact(capsule) ? PyCapsule_GetPointer(capsule, "chunkmeta.steps") : NULL;
   StepPlan p;
   long long c[4] = {0};
-  if (!st || step_plan(st, host, args[4], args[5], c, &p)) {
+  /* the plan's widest rows (chunkmeta.one_shot._widest): INT32_MAX / chunk_size */
+  if (!st || step_plan(st, host, args[4], args[5], c, &p) || p.counts[0] > (2147483647LL >> st->shift[0])) {
     Py_XDECREF(capsule);
     Py_XDECREF(key);
     return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);

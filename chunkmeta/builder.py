@@ -19,14 +19,13 @@ from chunkmeta import plan as _plan
 from chunkmeta import results as _results
 from chunkmeta import tables as _tables
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.fill import resolve_backend, resolve_device
+from chunkmeta.fill import BACKENDS, resolve_backend, resolve_device
 from chunkmeta.metadata import ChunkMetadata
 from chunkmeta.one_shot import build_chunk_metadata
 from chunkmeta.step_builder import StepTablesBuilder
 
-__all__ = ["ChunkMetadataBuilder", "build_chunk_metadata", "resolve_backend", "resolve_device"]
+__all__ = ["BACKENDS", "ChunkMetadataBuilder", "build_chunk_metadata", "resolve_backend", "resolve_device"]
 
-BACKENDS = ("auto", "triton", "torch")
 PADS = _layout.PADS
 _NAME = "fla"  # the one table's name in the step builders
 
@@ -124,7 +123,7 @@ class ChunkMetadataBuilder:
         ``pad="negative"``: ``(-1, 0)``, ``max_num_seqs + 1`` entries — FLA's KDA ``use_graph=True``.
         ``pad="past_end"``: ``(0, PAST_END_CHUNK)``, ``max_num_seqs + 1`` entries — SGLang's.
         """
-        steps = self._steps.get(pad) or self._steps_for(pad)
+        steps = self.step_builder(pad)
         return steps.build(query_start_loc, query_start_loc_cpu, first_seq=first_seq, num_seqs=num_seqs, padded=True)
 
     def build_bounded(
@@ -161,7 +160,7 @@ class ChunkMetadataBuilder:
             )
         # validated: from here on nothing fails on bad input
         rows = _layout.chunk_row_bound(n, tokens, self.chunk_size)
-        steps = self._steps.get(pad) or self._steps_for(pad)
+        steps = self.step_builder(pad)
         slot, generation = steps.fill_bounded(query_start_loc, n, (rows,))
         cu, indices, offsets = (region.offset for region in steps.layout.regions[_NAME].values())
         view = self.ring.make_view
@@ -187,7 +186,8 @@ class ChunkMetadataBuilder:
         return _plan.plan_step(host, first_seq, num_seqs, self.chunk_size, self.capacity, _plan.host_address(host))
 
     def step_builder(self, pad: str = "tail") -> StepTablesBuilder:
-        """The step builder of ``pad``'s padded layout (``GraphBuild``'s: it captures its fill)."""
+        """The step builder of ``pad``'s padded layout (made on first use; ``GraphBuild`` captures
+        its fill)."""
         return self._steps.get(pad) or self._steps_for(pad)
 
     def _steps_for(self, pad: str) -> StepTablesBuilder:

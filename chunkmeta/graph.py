@@ -6,8 +6,9 @@ changes per step must live in device memory at fixed addresses:
 * the engine's static ``query_start_loc`` buffer (engines already update it in place before
   each replay);
 * ``params`` = ``(first_seq, num_seqs, batch_seqs)``, int32 on the device, refreshed by
-  ``prepare()`` with one 12-byte non-blocking copy from pinned host memory. The host values go through a ring of
-  1024 staging slots, so a copy still queued behind the GPU never sees its source overwritten;
+  ``prepare()`` with one 12-byte non-blocking copy from pinned host memory. The host values go
+  through a ring of 1024 staging slots, so a copy still queued behind the GPU never sees its
+  source overwritten;
   a CUDA event recorded once per 32 steps tells when a block of slots is free again (the host
   waits only if it runs more than 1024 steps ahead of the GPU);
 * the outputs: capacity-shaped padded tables in an arena owned by the graph build, written in

@@ -133,8 +133,9 @@ def _launch(query_start_loc, region, layout, fill_key, first_seq: int, num_seqs:
 
 def _make_steps(backend: str, layout, key: tuple, device: torch.device):
     """The C build's capsule for a one-shot key after its first build (which compiled the Triton
-    kernel): launching the CUDA C fill or that kernel on CUDA, filling in C on the CPU (the torch
-    fill's builds only: a CPU Triton one-shot stays the interpreter's); None where it cannot."""
+    kernel): launching the CUDA C fill or that kernel on CUDA (Triton's builds only: a CUDA torch
+    one-shot keeps its fill), filling in C on the CPU (the torch fill's builds only: a CPU Triton
+    one-shot stays the interpreter's); None where it cannot."""
     module = native.module()
     if module is None:
         return None
@@ -145,7 +146,7 @@ def _make_steps(backend: str, layout, key: tuple, device: torch.device):
         if backend != "torch":
             return None
         return module.make_steps(0, 1, 1, 0, *caps, 0, entries, [0], [[0]], 1)
-    if native.cuda_launcher() is None:
+    if backend != "triton" or native.cuda_launcher() is None:
         return None
     from chunkmeta.fill.cuda_fill import CudaStepFill
 
@@ -159,9 +160,10 @@ def _make_steps(backend: str, layout, key: tuple, device: torch.device):
     kernel = cuda.kernel(dtypes, device)
     if kernel is not None:
         candidates.append((*kernel, cuda.block_rows))
-    kernel = _FILLS[(chunk_size, lanes, key[2])].plain_kernel(dtypes)
+    fill = _FILLS[(chunk_size, lanes, key[2])]  # the Triton kernel this key's first build compiled
+    kernel = fill.plain_kernel(dtypes)
     if kernel is not None:
-        candidates.append((*kernel, _FILLS[(chunk_size, lanes, key[2])].block_rows))
+        candidates.append((*kernel, fill.block_rows))
     for function, num_warps, shared, block_rows in candidates:
         made = module.make_steps(function, block_rows, num_warps, shared, *caps, 0, entries, [0], [[0]], 0)
         if made is not None:

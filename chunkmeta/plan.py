@@ -67,6 +67,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` >= n: the tables' 16-byte alignment."""
+    return cdiv(n, multiple) * multiple
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1): the kernels' lane and block counts."""
     return 1 << max(0, n - 1).bit_length()

@@ -19,6 +19,7 @@ import contextlib
 
 import torch
 
+from chunkmeta.plan import round_up
 from chunkmeta.results import PAIRS, ROW
 
 VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host memory)
@@ -30,10 +31,6 @@ VIEW_CACHE_LIMIT = 16384  # entries per view cache (a view is ~1-2 KB of host me
 # raises (it is immutable anyway) and autograd cannot save one for backward (clone it).
 # Writers other than kernels (the torch fill) run in inference mode.
 SPOILED = -1  # a slot's generation after a failed fill (no build has it)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 class SlotLedger:
@@ -113,7 +110,7 @@ class TableRing(SlotLedger):
         # inference tensors: cheap views (TABLE_MEMORY); a dtype view made outside inference
         # mode is a normal tensor again, so the regions are made in it too
         with torch.inference_mode():
-            self.arena = torch.zeros(depth, _round_up(max(slot_bytes, 16), 16), dtype=torch.uint8, device=device)
+            self.arena = torch.zeros(depth, round_up(max(slot_bytes, 16), 16), dtype=torch.uint8, device=device)
             self.host = {name: torch.zeros(depth, host_entries, dtype=torch.int32) for name in host_names}
             self._regions = [
                 {

@@ -24,7 +24,7 @@ import torch
 from chunkmeta import layout as _layout
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.metadata import StepTables
-from chunkmeta.plan import check_chunk_size
+from chunkmeta.plan import check_chunk_size, round_up
 
 SLICES = ("prefill", "batch")
 # entry kinds, and where a sequence's chunks are cut: from its own first token (FLA, conv), from
@@ -307,8 +307,8 @@ class OneShotLayout(NamedTuple):
 
 
 def one_shot_layout(chunk_size: int, seqs: int, indices_dtype: torch.dtype) -> OneShotLayout:
-    offsets_at = _round_up(4 * (seqs + 1), _ALIGN)
-    indices_at = offsets_at + _round_up(8 * (seqs + 1), _ALIGN)
+    offsets_at = round_up(4 * (seqs + 1), _ALIGN)
+    indices_at = offsets_at + round_up(8 * (seqs + 1), _ALIGN)
     flag = FLA_OFFSETS_64 | FLA_WRITE_FIRST | (FLA_INDICES_64 if indices_dtype == torch.int64 else 0)
     entry = Entry(FLA, chunk_size.bit_length() - 1, 0, BASE_ZERO, flag, 0, indices_at, offsets_at, UNUSED, 0, 0, 0)
     return OneShotLayout(entry, offsets_at, indices_at)
@@ -317,10 +317,6 @@ def one_shot_layout(chunk_size: int, seqs: int, indices_dtype: torch.dtype) -> O
 def bounded_entries(entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
     """A padded layout's entries as a bounded build writes them (``SEQS_EXACT``)."""
     return tuple(e._replace(seqs_pad=SEQS_EXACT) if e.kind == FLA else e for e in entries)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 class SlotLayout(NamedTuple):
@@ -346,7 +342,7 @@ def slot_layout(specs: dict, seqs: int, tokens: int, pad: str) -> SlotLayout:
         for region in spec.regions(seqs, tokens):
             placed[region.name] = region._replace(offset=offset)
             nbytes = region.entries * region.dtype.itemsize
-            offset += _round_up(max(nbytes, 1), _ALIGN)
+            offset += round_up(max(nbytes, 1), _ALIGN)
         regions[name] = placed
         for entry, rows in zip(spec.entries(placed, seqs, tokens, pad), spec.entry_rows(seqs, tokens), strict=True):
             entries.append(entry)

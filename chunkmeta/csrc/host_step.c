@@ -111,7 +111,7 @@ PyObject *py_make_steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
    grid: its tokens start at 0 (base_kind 0), at their packed position from the slice's start (1)
    or after the request's computed tokens (2), and with `split` they are cut in two at its
    checkpoint. computed / checkpoints: the per-request arrays, `row` the request's index there.
-   run_step counts rows with it, cpu_fill_entry finds each row's sequence. */
+   cpu_fill_entry counts each sequence's rows with it. */
 static int64_t sequence_chunks(const void *q, int q64, int64_t base, int64_t s, int base_kind, int shift, int split,
                                const void *computed, int computed64, const void *checkpoints, int checkpoints64,
                                int64_t row) {
@@ -123,7 +123,7 @@ static int64_t sequence_chunks(const void *q, int q64, int64_t base, int64_t s, 
 /* One entry of the step kernel on a CPU builder's arena, serially: what step_fill.cu's run_entry
    writes (the same tables, padding and untouched entries), its sequences' chunk ends in st->ends.
    q: the slice's query_start_loc (n + 1 entries from `first`), computed / checkpoints: every
-   request's (indexed first + s); is64 flags: their element types. Input validated by run_step. */
+   request's (indexed first + s); is64 flags: their element types. Input validated by step_plan. */
 static void cpu_fill_entry(const Steps *st, int j, char *arena, const char *q, int q64, const char *computed,
                            int computed64, const char *checkpoints, int checkpoints64, int64_t first, int64_t n,
                            int64_t num_rows) {

@@ -127,10 +127,12 @@ def fla_cases(entry, capacity: int, tokens: int, count: int, seed: int, bounded=
 
 @pytest.mark.parametrize("pad", [None, *layout.PADS])
 @pytest.mark.parametrize("offsets_dtype", [torch.int64, torch.int32])
-def test_fla_layouts_equal_the_torch_fill(pad, offsets_dtype):
+@pytest.mark.parametrize("capacity", [40, 64])
+def test_fla_layouts_equal_the_torch_fill(pad, offsets_dtype, capacity):
     """ChunkMetadataBuilder's layouts (one Fla entry: exact and every padding) and both
-    chunk_offsets dtypes."""
-    capacity, tokens = 40, 3000
+    chunk_offsets dtypes; at capacity 64 the tail-padded cu_seqlens has an entry past the
+    kernel's sequence lanes."""
+    tokens = 3000
     spec = {"fla": tables.Fla(64, offsets_dtype=offsets_dtype)}
     builder = StepTablesBuilder(
         capacity, tokens, tables=spec, device="cpu", backend="torch", ring_depth=1, pad=pad or "tail"

@@ -87,13 +87,14 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
 
   /* every load first, the slice's base and end included: a load issued after the barrier would
      put a whole global-memory latency on the critical path */
-  const long long base = q[0], num_tokens = (long long)q[n] - base;
-  long long starts[ROUNDS], stops[ROUNDS];
+  const QSL_T base = q[0];
+  const long long num_tokens = (long long)(q[n] - base);
+  QSL_T starts[ROUNDS], stops[ROUNDS];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
-    starts[k] = s < n ? (long long)q[s] : 0;
-    stops[k] = s < n ? (long long)q[s + 1] : 0;
+    starts[k] = s < n ? q[s] : (QSL_T)0;
+    stops[k] = s < n ? q[s + 1] : (QSL_T)0;
   }
 
   /* per sequence its chunks, then their running sum through the warp's sequences in order: one
@@ -102,13 +103,20 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
-    long long c = 0;
-    if (s < n) {
-      const long long pos = base_kind == 0 ? 0 : base_kind == 1 ? starts[k] - base : (long long)computed[first + s];
+    int c = 0;
+    if (base_kind == 0 && !split) {
+      /* chunks from the sequence's own first token (FLA, conv): 32-bit, since at 4096 sequences
+         the scan's instructions are the kernel's time (16 warps an SM); lengths fit int32
+         (host-validated), so the unsigned add cannot wrap */
+      const unsigned len = s < n ? (unsigned)(stops[k] - starts[k]) : 0u;
+      c = (int)((len + ((1u << shift) - 1u)) >> shift);
+    } else if (s < n) {
+      const long long pos =
+          base_kind == 1 ? (long long)(starts[k] - base) : (long long)computed[first + s];
       const long long cut = split ? (long long)checkpoints[first + s] : 0;
-      c = sequence_chunk_count(pos, stops[k] - starts[k], cut, shift);
+      c = (int)sequence_chunk_count(pos, (long long)(stops[k] - starts[k]), cut, shift);
     }
-    count[k] = run[k] = (int)c;
+    count[k] = run[k] = c;
   }
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -204,20 +212,21 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
      sequences, from its lanes' registers; a padded layout's entries past the lanes are padding
      (a SEQS_PAD below 0: a bounded build's FLA entry, padded rows and the slice's own sequences) */
   const int seqs_out = PADDED && entry_table[J][SEQS_PAD] >= 0 ? (int)entry_table[J][SEQS_PAD] : n;
-  const int share = (seqs_out + programs - 1) / programs;
-  const int lo = pid * share, hi = min(seqs_out, lo + share);
+  /* THREADS of them a program, the last program the rest (no division) */
+  const int lo = pid * THREADS, hi = pid + 1 == programs ? seqs_out : min(lo + THREADS, seqs_out);
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
     if (s >= lo && s < hi) {
       const bool real = s < n;
       const int end = real ? before + run[k] : num_chunks;
-      store_sequence<J>(computed, checkpoints, arena, first, s, real, real ? stops[k] - base : num_tokens,
+      store_sequence<J>(computed, checkpoints, arena, first, s, real, real ? (long long)(stops[k] - base) : num_tokens,
                         end, end - count[k]);
     }
   }
-  for (int s = max(lo, SEQ_LANES) + tid; s < hi; s += THREADS)
-    store_sequence<J>(computed, checkpoints, arena, first, s, false, num_tokens, num_chunks, num_chunks);
+  if (PADDED) /* an exact layout has no entries past its sequences */
+    for (int s = max(lo, SEQ_LANES) + tid; s < hi; s += THREADS)
+      store_sequence<J>(computed, checkpoints, arena, first, s, false, num_tokens, num_chunks, num_chunks);
 
   if (kind == FLA && (flag & FLA_WRITE_FIRST) && pid == 0 && tid == 0) { /* fresh outputs: entry 0 too */
     ((int *)(arena + entry_table[J][OFF0]))[0] = 0;

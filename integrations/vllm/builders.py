@@ -39,7 +39,27 @@ from chunkmeta.integrations.vllm.tables import CUTEDSL, Serves
 # cu_seqlens itself, AITER FlyDSL brings its own metadata. Their conv tables are still served.
 HOOKLESS_BACKENDS = frozenset({"flashinfer", "aiter_flydsl"})
 
-_LOCAL = threading.local()  # .request: the StepRequest of the chunkmeta build() running on this thread
+
+
+class _Local(threading.local):
+    request = None  # the StepRequest of the chunkmeta build() running on this thread
+    probe = None  # the chunkmeta builder whose build() let a step through to vLLM's as decode-only
+
+
+_LOCAL = _Local()
+
+
+class _PrefillFound(BaseException):
+    """Raised by an overridden point when vLLM's build() of a step let through as decode-only
+    (no row over one token) asks for a prefill table after all: a first one-token chunk of a
+    prompt is a prefill to vLLM (``is_prefilling``). build() then runs the step as a chunkmeta
+    step; vLLM's build() has changed no builder state before those points. A BaseException, so
+    that no ``except Exception`` on the way swallows it."""
+
+
+def _probing(builder) -> bool:
+    """A step of ``builder`` let through as decode-only, into one of its overridden points."""
+    return _LOCAL.probe is builder
 _BUILDERS: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -73,7 +93,7 @@ def _set_ssd(metadata, tables) -> None:
 
 
 def _request_of(builder) -> StepRequest | None:
-    request = getattr(_LOCAL, "request", None)
+    request = _LOCAL.request
     return request if request is not None and request.owner is builder else None
 
 
@@ -83,8 +103,13 @@ def conv_metadata(original):
     build); anywhere else, and for a builder that does not serve conv, vLLM's ``original``."""
 
     def compute_causal_conv1d_metadata(query_start_loc_p_cpu, *, device):
-        request = getattr(_LOCAL, "request", None)
-        if request is None or request.conv is not None:
+        request = _LOCAL.request
+        if request is None:
+            probe = _LOCAL.probe
+            if probe is not None and probe._chunkmeta_serves.conv:
+                raise _PrefillFound
+            return original(query_start_loc_p_cpu, device=device)
+        if request.conv is not None:
             return original(query_start_loc_p_cpu, device=device)
         request.conv = (original, query_start_loc_p_cpu, device)
         if not request.owner._chunkmeta_serves.conv:
@@ -171,14 +196,15 @@ class ChunkmetaBuilderMixin:
     # Each family's build() has its vLLM builders' signature, so that a decode-only step (the
     # common one, and the one CUDA graphs replay, where host time is the step) goes straight to
     # vLLM's build() with the arguments as given: with no row over one token vLLM's build() asks
-    # for no table or, for a fresh one-token prompt, gets its own (every overridden point falls
-    # through to vLLM outside a chunkmeta build). One attribute read and one compare per step.
+    # for no table, unless a row is a prompt's first one-token chunk; then the overridden point
+    # it reaches raises _PrefillFound and the step reruns as a chunkmeta step. Per decode step:
+    # an attribute read, a compare and two thread-local writes.
 
     def _chunkmeta_step(self, *args, **kwargs):
         """A step with a row over one token: vLLM's build() with the overridden points recording
         what it asks for, then one chunkmeta build serving it all."""
         request = StepRequest(self)
-        outer = getattr(_LOCAL, "request", None)
+        outer = _LOCAL.request
         _LOCAL.request = request
         try:
             metadata = self._chunkmeta_vllm_build(self, *args, **kwargs)
@@ -246,17 +272,27 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
         num_decode_draft_tokens_cpu=None,
         fast_build=False,
     ):
-        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
+        if self.chunkmeta is None:
+            return self._chunkmeta_vllm_build(
+                self, common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
+            )
+        if common_attn_metadata.max_query_len <= 1:
             # the last chunkmeta step's routes stay: they answer only that step's tensor objects,
             # and vLLM's runner makes new ones every step (the next chunkmeta step replaces them)
-            return self._chunkmeta_vllm_build(
-                self,
-                common_prefix_len,
-                common_attn_metadata,
-                num_accepted_tokens,
-                num_decode_draft_tokens_cpu,
-                fast_build,
-            )
+            _LOCAL.probe = self
+            try:
+                return self._chunkmeta_vllm_build(
+                    self,
+                    common_prefix_len,
+                    common_attn_metadata,
+                    num_accepted_tokens,
+                    num_decode_draft_tokens_cpu,
+                    fast_build,
+                )
+            except _PrefillFound:
+                pass
+            finally:
+                _LOCAL.probe = None
         return self._chunkmeta_step(
             common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
         )
@@ -291,6 +327,8 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
     def _build_chunk_metadata(self, prefill_query_start_loc, prefill_query_start_loc_cpu, device):
         request = _request_of(self)
         if request is None:
+            if _probing(self):
+                raise _PrefillFound
             return super()._build_chunk_metadata(prefill_query_start_loc, prefill_query_start_loc_cpu, device)
         request.fla = (prefill_query_start_loc, prefill_query_start_loc_cpu, device)
         return None, None
@@ -347,10 +385,18 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
     _chunkmeta_serves = Serves(conv=True)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
-        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
-            if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
-                return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
-            return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
+        if self.chunkmeta is None:
+            return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+        if common_attn_metadata.max_query_len <= 1:
+            _LOCAL.probe = self
+            try:
+                if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
+                    return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+                return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
+            except _PrefillFound:
+                pass
+            finally:
+                _LOCAL.probe = None
         return self._chunkmeta_step(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
 
     def _chunkmeta_specs(self, vllm_config) -> dict:
@@ -372,6 +418,8 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
 
     def _build_chunk_metadata_tensors(self, chunk_size, common, common_attn_metadata, checkpoint_offsets_p=None):
         request = _request_of(self)
+        if request is None and self._chunkmeta_serves.ssd and _probing(self):
+            raise _PrefillFound
         if request is None or not self._chunkmeta_serves.ssd:
             return super()._build_chunk_metadata_tensors(chunk_size, common, common_attn_metadata, checkpoint_offsets_p)
         request.ssd = (chunk_size, common, common_attn_metadata, checkpoint_offsets_p)

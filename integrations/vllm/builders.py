@@ -40,7 +40,6 @@ from chunkmeta.integrations.vllm.tables import CUTEDSL, Serves
 HOOKLESS_BACKENDS = frozenset({"flashinfer", "aiter_flydsl"})
 
 
-
 class _Local(threading.local):
     request = None  # the StepRequest of the chunkmeta build() running on this thread
     probe = None  # the chunkmeta builder whose build() let a step through to vLLM's as decode-only
@@ -60,6 +59,8 @@ class _PrefillFound(BaseException):
 def _probing(builder) -> bool:
     """A step of ``builder`` let through as decode-only, into one of its overridden points."""
     return _LOCAL.probe is builder
+
+
 _BUILDERS: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -274,7 +275,12 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
     ):
         if self.chunkmeta is None:
             return self._chunkmeta_vllm_build(
-                self, common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
+                self,
+                common_prefix_len,
+                common_attn_metadata,
+                num_accepted_tokens,
+                num_decode_draft_tokens_cpu,
+                fast_build,
             )
         if common_attn_metadata.max_query_len <= 1:
             # the last chunkmeta step's routes stay: they answer only that step's tensor objects,
@@ -391,7 +397,9 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
             _LOCAL.probe = self
             try:
                 if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
-                    return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+                    return self._chunkmeta_vllm_build(
+                        self, common_prefix_len, common_attn_metadata, fast_build, **kwargs
+                    )
                 return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
             except _PrefillFound:
                 pass

@@ -163,9 +163,10 @@ def test_real_builder_on_random_steps(configs, spec):
 
 def test_decode_only_steps_skip_the_hook(configs, monkeypatch):
     """A step with no row over one token goes straight to vLLM's build(): none of chunkmeta's
-    per-step work (here made to raise) runs, and a fresh one-token prompt among the rows gets
-    vLLM's own tables; spec decodes (three-token rows) take the recording path, which asks for no
-    table either."""
+    per-step work (here made to raise) runs; spec decodes (three-token rows) take the recording
+    path, which asks for no table either. A one-token prompt among such rows is a prefill to
+    vLLM: its build() reaches an overridden point, which stops it, and the step runs as a
+    chunkmeta step with vLLM's tables bit for bit."""
     from chunkmeta.integrations.vllm import builders
 
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
@@ -174,13 +175,14 @@ def test_decode_only_steps_skip_the_hook(configs, monkeypatch):
         patch.setattr(builders, "StepRequest", must_not_run("chunkmeta", "a chunkmeta step"))
         md = build(ours, ([1, 1, 0], [5, 6, 0], None))
         assert md.num_prefills == 0 and md.chunk_indices is None
-        fresh = ([1, 1, 1], [5, 6, 0], None)  # the last row is a one-token prompt: a prefill
-        got, want = build(ours, fresh), build(stock, fresh)
-        assert got.num_prefills == 1 and got.chunk_indices is not None
-        assert_same_tables(got, want)
     md = build(ours, ([3, 3, 0], [5, 6, 0], [2, 2, -1]))
     assert md.num_prefills == 0 and md.chunk_indices is None
     assert ours.chunkmeta.builds == 1  # the warm-up only
+    fresh = ([1, 1, 1], [5, 6, 0], None)  # the last row is a one-token prompt: a prefill
+    got, want = build(ours, fresh), build(stock, fresh)
+    assert got.num_prefills == want.num_prefills == 1
+    assert_same_tables(got, want)
+    assert ours.chunkmeta.builds == 2 and ours.chunkmeta_stats()["served"]["fla"] == 1
 
 
 def test_cutedsl_layout_on_the_real_builder(configs, monkeypatch):

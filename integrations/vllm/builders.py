@@ -23,6 +23,7 @@ own functions, called with the arguments vLLM gave: one warning per cause, count
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import types
 import weakref
@@ -42,7 +43,6 @@ HOOKLESS_BACKENDS = frozenset({"flashinfer", "aiter_flydsl"})
 
 class _Local(threading.local):
     request = None  # the StepRequest of the chunkmeta build() running on this thread
-    probe = None  # the chunkmeta builder whose build() let a step through to vLLM's as decode-only
 
 
 _LOCAL = _Local()
@@ -57,8 +57,11 @@ class _PrefillFound(BaseException):
 
 
 def _probing(builder) -> bool:
-    """A step of ``builder`` let through as decode-only, into one of its overridden points."""
-    return _LOCAL.probe is builder
+    """An overridden point of ``builder`` reached outside a chunkmeta step: only a step that
+    build() let through to vLLM's as decode-only gets there (the fallback calls vLLM's own
+    functions directly). Nothing is marked per step: two thread-local writes around every
+    decode-only build() cost about 2 us there on the CPU machine (against vLLM's build())."""
+    return isinstance(builder, ChunkmetaBuilderMixin) and builder.chunkmeta is not None
 
 
 _BUILDERS: weakref.WeakSet = weakref.WeakSet()
@@ -106,8 +109,10 @@ def conv_metadata(original):
     def compute_causal_conv1d_metadata(query_start_loc_p_cpu, *, device):
         request = _LOCAL.request
         if request is None:
-            probe = _LOCAL.probe
-            if probe is not None and probe._chunkmeta_serves.conv:
+            # a module function: its caller, a builder's build() (or a method of it), is the
+            # builder (read on prefill steps only)
+            caller = sys._getframe(1).f_locals.get("self")
+            if _probing(caller) and caller._chunkmeta_serves.conv:
                 raise _PrefillFound
             return original(query_start_loc_p_cpu, device=device)
         if request.conv is not None:
@@ -199,7 +204,7 @@ class ChunkmetaBuilderMixin:
     # vLLM's build() with the arguments as given: with no row over one token vLLM's build() asks
     # for no table, unless a row is a prompt's first one-token chunk; then the overridden point
     # it reaches raises _PrefillFound and the step reruns as a chunkmeta step. Per decode step:
-    # an attribute read, a compare and two thread-local writes.
+    # an attribute read and a compare.
 
     def _chunkmeta_step(self, *args, **kwargs):
         """A step with a row over one token: vLLM's build() with the overridden points recording
@@ -285,7 +290,6 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
         if common_attn_metadata.max_query_len <= 1:
             # the last chunkmeta step's routes stay: they answer only that step's tensor objects,
             # and vLLM's runner makes new ones every step (the next chunkmeta step replaces them)
-            _LOCAL.probe = self
             try:
                 return self._chunkmeta_vllm_build(
                     self,
@@ -297,8 +301,6 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
                 )
             except _PrefillFound:
                 pass
-            finally:
-                _LOCAL.probe = None
         return self._chunkmeta_step(
             common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
         )
@@ -394,7 +396,6 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
         if self.chunkmeta is None:
             return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
         if common_attn_metadata.max_query_len <= 1:
-            _LOCAL.probe = self
             try:
                 if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
                     return self._chunkmeta_vllm_build(
@@ -403,8 +404,6 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
                 return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
             except _PrefillFound:
                 pass
-            finally:
-                _LOCAL.probe = None
         return self._chunkmeta_step(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
 
     def _chunkmeta_specs(self, vllm_config) -> dict:

@@ -278,16 +278,7 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
         num_decode_draft_tokens_cpu=None,
         fast_build=False,
     ):
-        if self.chunkmeta is None:
-            return self._chunkmeta_vllm_build(
-                self,
-                common_prefix_len,
-                common_attn_metadata,
-                num_accepted_tokens,
-                num_decode_draft_tokens_cpu,
-                fast_build,
-            )
-        if common_attn_metadata.max_query_len <= 1:
+        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
             # the last chunkmeta step's routes stay: they answer only that step's tensor objects,
             # and vLLM's runner makes new ones every step (the next chunkmeta step replaces them)
             try:
@@ -299,7 +290,7 @@ class GdnFamilyMixin(ChunkmetaBuilderMixin):
                     num_decode_draft_tokens_cpu,
                     fast_build,
                 )
-            except _PrefillFound:
+            except _PrefillFound:  # raised for builders with a chunkmeta only (_probing)
                 pass
         return self._chunkmeta_step(
             common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
@@ -393,16 +384,14 @@ class MambaFamilyMixin(ChunkmetaBuilderMixin):
     _chunkmeta_serves = Serves(conv=True)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
-        if self.chunkmeta is None:
-            return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
-        if common_attn_metadata.max_query_len <= 1:
+        if self.chunkmeta is None or common_attn_metadata.max_query_len <= 1:
             try:
                 if kwargs:  # keyword-only spec-decode arguments (a call with none skips **'s cost)
                     return self._chunkmeta_vllm_build(
                         self, common_prefix_len, common_attn_metadata, fast_build, **kwargs
                     )
                 return self._chunkmeta_vllm_build(self, common_prefix_len, common_attn_metadata, fast_build)
-            except _PrefillFound:
+            except _PrefillFound:  # raised for builders with a chunkmeta only (_probing)
                 pass
         return self._chunkmeta_step(common_prefix_len, common_attn_metadata, fast_build, **kwargs)
 

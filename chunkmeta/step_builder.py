@@ -293,7 +293,12 @@ class StepTablesBuilder:
         if fill is not None and self.device.type == "cuda" and native.cuda_launcher() is not None:
             from chunkmeta.fill.cuda_fill import CudaStepFill
 
-            cuda = CudaStepFill(entries=self.layout.entries, block_seqs=self.capacity.seqs, padded=padded)
+            cuda = CudaStepFill(
+                entries=self.layout.entries,
+                block_seqs=self.capacity.seqs,
+                padded=padded,
+                row_capacities=self.layout.rows_pad,
+            )
             kernel = cuda.kernel(key[1:], self.device)
             if kernel is not None:
                 candidates.append(("cuda", *kernel, cuda.block_rows))

@@ -9,6 +9,7 @@
      PADDED                 1: the capacity-shaped layout (rows and sequences past the real ones pad)
      PARAMS_ON_DEVICE       1: the slices from step_params (graph mode)
      NUM_ENTRIES, ENTRIES   the entries, as chunkmeta.tables.Entry tuples in braces
+     PAIRED_ENTRIES         bit J: entry J's row capacity is below 2^16 (its scan packs two rounds)
 
    Grid: sum_j max(1, cdiv(rows_j, BLOCK_ROWS)) programs; entry j owns the next ones. Each program
    scans its slice's chunk counts itself (warp scans, one barrier), finds each row's sequence over
@@ -82,13 +83,15 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   constexpr int kind = (int)entry_table[J][KIND], shift = (int)entry_table[J][SHIFT];
   constexpr int base_kind = (int)entry_table[J][BASE], flag = (int)entry_table[J][FLAG];
   constexpr bool split = kind == MAMBA2 && flag;
+  constexpr bool paired = ((PAIRED_ENTRIES >> J) & 1) && ROUNDS % 2 == 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const QSL_T *q = query_start_loc + first;
 
   /* every load first, the slice's base and end included: a load issued after the barrier would
      put a whole global-memory latency on the critical path */
   const QSL_T base = q[0];
-  const long long num_tokens = (long long)(q[n] - base);
+  /* the padding's token end; an exact layout has no padding (and no load for it) */
+  const long long num_tokens = PADDED ? (long long)(q[n] - base) : 0;
   QSL_T starts[ROUNDS], stops[ROUNDS];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
@@ -118,20 +121,47 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     }
     count[k] = run[k] = c;
   }
+  int round_total[ROUNDS];
+  if constexpr (paired) {
+    /* two rounds in one word (the even one low): half the shuffles, which are the scan's cost
+       from 4 rounds on. Neither half can carry into the other: a round's sum is at most the
+       entry's row capacity (< 2^16 here), which the host's checks keep every step within */
+    unsigned pair[ROUNDS / 2];
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
+    for (int k = 0; k < ROUNDS / 2; k++) pair[k] = (unsigned)run[2 * k] | (unsigned)run[2 * k + 1] << 16;
 #pragma unroll
-    for (int k = 0; k < ROUNDS; k++) {
-      const int other = __shfl_up_sync(0xffffffffu, run[k], d);
-      if (lane >= d) run[k] += other;
+    for (int d = 1; d < 32; d <<= 1) {
+#pragma unroll
+      for (int k = 0; k < ROUNDS / 2; k++) {
+        const unsigned other = __shfl_up_sync(0xffffffffu, pair[k], d);
+        if (lane >= d) pair[k] += other;
+      }
     }
+#pragma unroll
+    for (int k = 0; k < ROUNDS / 2; k++) {
+      const unsigned total = __shfl_sync(0xffffffffu, pair[k], 31);
+      run[2 * k] = (int)(pair[k] & 0xffffu);
+      run[2 * k + 1] = (int)(pair[k] >> 16);
+      round_total[2 * k] = (int)(total & 0xffffu);
+      round_total[2 * k + 1] = (int)(total >> 16);
+    }
+  } else {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+#pragma unroll
+      for (int k = 0; k < ROUNDS; k++) {
+        const int other = __shfl_up_sync(0xffffffffu, run[k], d);
+        if (lane >= d) run[k] += other;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < ROUNDS; k++) round_total[k] = __shfl_sync(0xffffffffu, run[k], 31);
   }
   int rounds_before = 0;
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int round = __shfl_sync(0xffffffffu, run[k], 31);
     run[k] += rounds_before;
-    rounds_before += round;
+    rounds_before += round_total[k];
   }
   /* ends[]: each sequence's chunk end counted from its warp's first chunk */
   __shared__ int warp_totals[WARPS];
@@ -171,7 +201,8 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   for (int k = 0; k < ROWS_PER_THREAD; k++) {
     const int r = pid * BLOCK_ROWS + k * THREADS + tid;
     if (r >= num_rows) break;
-    const bool real = r < num_chunks;
+    /* an exact layout's rows are its chunks (the host's count) */
+    const bool real = !PADDED || r < num_chunks;
     const int seq = real ? row_seq[k] : 0, chunk = real ? row_chunk[k] : 0;
     if (kind == FLA && (flag & FLA_INDICES_64)) { /* int64 (seq, chunk) pairs */
       long long *pair = (long long *)(arena + entry_table[J][OFF1]) + 2 * (long long)r;
@@ -218,7 +249,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
     if (s >= lo && s < hi) {
-      const bool real = s < n;
+      const bool real = !PADDED || s < n; /* an exact layout stores its n sequences only */
       const int end = real ? before + run[k] : num_chunks;
       store_sequence<J>(computed, checkpoints, arena, first, s, real, real ? (long long)(stops[k] - base) : num_tokens,
                         end, end - count[k]);

@@ -45,8 +45,9 @@ class CudaStepFill:
     """The CUDA C step fill (``chunkmeta/csrc/step_fill.cu``) for one step builder's entries and
     layout: ``chunkmeta.fill.step_fill.step_tables_kernel``'s twin, with its parameters, launched
     by ``chunkmeta.native``'s step build. Compiled once per process and shape on the first
-    ``kernel()`` call for a triple of input dtypes. ``threads`` / ``block_rows``: another launch
-    shape than the default (bench/step_fill_sweep.py)."""
+    ``kernel()`` call for a triple of input dtypes. ``row_capacities``: each entry's rows in the
+    padded layout (``SlotLayout.rows_pad``), which no step exceeds. ``threads`` / ``block_rows``:
+    another launch shape than the default (bench/step_fill_sweep.py)."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class CudaStepFill:
         block_seqs: int,
         padded: bool,
         params_on_device: bool = False,
+        row_capacities=(),
         threads: int | None = None,
         block_rows: int | None = None,
     ):
@@ -75,6 +77,9 @@ class CudaStepFill:
                 f"[32, {lanes}] (the sequence lanes) dividing block_rows"
             )
         table = ",".join("{" + ",".join(str(int(v)) for v in entry) + "}" for entry in entries)
+        # entries whose every step's rows fit 16 bits (their capacity: the host's checks keep each
+        # step within it) scan two rounds per shuffle; none without capacities (the one-shot's)
+        paired = sum(1 << j for j, rows in enumerate(row_capacities) if rows < 1 << 16)
         self.defines = (
             ("SEQ_LANES", self.seq_lanes),
             ("THREADS", self.threads),
@@ -83,6 +88,7 @@ class CudaStepFill:
             ("PARAMS_ON_DEVICE", int(params_on_device)),
             ("NUM_ENTRIES", len(entries)),
             ("ENTRIES", table),
+            ("PAIRED_ENTRIES", paired),
         )
 
     def source(self, dtypes) -> bytes:

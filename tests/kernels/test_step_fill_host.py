@@ -30,9 +30,9 @@ HARNESS = SUPPORT / "step_host.cpp"
 
 
 @functools.cache
-def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str], csrc=jit.CSRC):
+def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str], csrc=jit.CSRC, row_capacities=()):
     compiler = cxx()
-    fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=padded)
+    fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=padded, row_capacities=row_capacities)
     names = ("QSL_T", "COMP_T", "CKPT_T")
     defines = [f"-D{name}={value}" for name, value in (*zip(names, types, strict=True), *fill.defines)]
     flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{csrc}", f"-I{SUPPORT}", *defines, str(HARNESS)]
@@ -67,7 +67,11 @@ def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):
     builder = StepTablesBuilder(capacity, tokens, tables=specs, device="cpu", backend="torch", ring_depth=1)
     dtype = torch.int64 if wide else torch.int32
     types = tuple(cuda_fill.qsl_type(t) for t in (dtype, dtype, torch.int32))
-    fill, binary = host_binary(builder.layout.entries, capacity, padded, types)
+    # the builder's kernel packs two rounds of the scan per shuffle (every entry's rows fit 16
+    # bits; two rounds at capacity 300); the other spec set keeps one round per shuffle
+    paired = builder.layout.rows_pad if specs is STEP_SPECS else ()
+    fill, binary = host_binary(builder.layout.entries, capacity, padded, types, row_capacities=paired)
+    assert ("PAIRED_ENTRIES", 0) not in fill.defines or specs is not STEP_SPECS
     rng = np.random.default_rng(capacity + 2 * padded + wide)
     steps = [random_step(rng, capacity, tokens) for _ in range(25)]
     cases, expected = [], []
@@ -132,14 +136,30 @@ def test_fla_layouts_equal_the_torch_fill(pad, offsets_dtype, capacity):
     """ChunkMetadataBuilder's layouts (one Fla entry: exact and every padding) and both
     chunk_offsets dtypes; at capacity 64 the tail-padded cu_seqlens has an entry past the
     kernel's sequence lanes."""
-    tokens = 3000
+    check_fla_layout(pad, offsets_dtype, capacity, tokens=3000, steps=20)
+
+
+@pytest.mark.parametrize("pad", [None, "tail"])
+def test_fla_scan_of_many_rounds_equals_the_torch_fill(pad):
+    """2048 sequences: four rounds a lane, scanned two per shuffle as the builder compiles it."""
+    check_fla_layout(pad, torch.int64, 2048, tokens=200_000, steps=6, paired=True)
+
+
+def check_fla_layout(pad, offsets_dtype, capacity, tokens, steps, paired=False):
     spec = {"fla": tables.Fla(64, offsets_dtype=offsets_dtype)}
     builder = StepTablesBuilder(
         capacity, tokens, tables=spec, device="cpu", backend="torch", ring_depth=1, pad=pad or "tail"
     )
-    fill, binary = host_binary(builder.layout.entries, capacity, pad is not None, ("int", "int", "int"))
+    fill, binary = host_binary(
+        builder.layout.entries,
+        capacity,
+        pad is not None,
+        ("int", "int", "int"),
+        row_capacities=builder.layout.rows_pad if paired else (),
+    )
+    assert dict(fill.defines)["PAIRED_ENTRIES"] == int(paired)
     rng = np.random.default_rng(7)
-    for _ in range(20):
+    for _ in range(steps):
         qsl, first, n, _, _ = random_step(rng, capacity, tokens)
         q = torch.tensor(qsl, dtype=torch.int32)
         with torch.inference_mode():

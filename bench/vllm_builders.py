@@ -7,7 +7,8 @@ are called back to back on metadata made the same way, interleaved round by roun
 alternating), in one process. Workloads: prefill steps (decodes + prefills, tokens; prefills with a
 cached prefix on every other row; ``--rounds`` rounds) and decode-only steps of 1, 8, 64 and 256
 decodes (``--decode-rounds`` rounds: the difference is a microsecond or less, so many rounds; each
-row also gives the median of the per-round differences, chunkmeta minus stock). Builders:
+row also gives the median of the per-round differences, chunkmeta minus stock), and what
+chunkmeta's ``build()`` alone adds there, with vLLM's swapped for a stub (``dispatch_ns``). Builders:
 
 * ``gdn_triton``, ``gdn_flashinfer``  ``GDNAttentionMetadataBuilder`` (Qwen3-Next's; the
   flashinfer prefill backend is the resolver's choice on H100/H200, where vLLM still builds the
@@ -174,6 +175,46 @@ def interleaved(stock, ours, make, rounds: int, device) -> dict:
     return times
 
 
+def _vllm_build_stub(builder, *args):
+    return None
+
+
+def dispatch_ns(ours, make, rounds: int = 40, calls: int = 10_000) -> dict:
+    """What chunkmeta's build() itself adds to a decode-only step, resolved below the noise of
+    vLLM's ~200 µs build(): ns per call of chunkmeta's build() with vLLM's build() swapped for a
+    stub that returns at once, against that stub called directly (medians over ``rounds`` of
+    ``calls`` calls, alternating). The decode rows above include vLLM's build() itself and what
+    chunkmeta's subclass does to it (the empty-subclass control shows how much of that is noise)."""
+    import time
+
+    cls = type(ours)
+    saved = cls.__dict__.get("_chunkmeta_vllm_build")
+    cls._chunkmeta_vllm_build = staticmethod(_vllm_build_stub)
+    m = make()
+
+    def per_call(call) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            call(0, m)
+        return (time.perf_counter_ns() - start) / calls
+
+    def direct(common_prefix_len, metadata):
+        return _vllm_build_stub(ours, common_prefix_len, metadata)
+
+    try:
+        through, alone = [], []
+        for _ in range(rounds):
+            through.append(per_call(ours.build))
+            alone.append(per_call(direct))
+    finally:
+        if saved is None:
+            del cls._chunkmeta_vllm_build
+        else:
+            cls._chunkmeta_vllm_build = saved
+    wrapped, stub = median(through), median(alone)
+    return {"chunkmeta_build_ns": wrapped, "stub_ns": stub, "added_ns": wrapped - stub}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -218,6 +259,18 @@ def main(argv: list[str]) -> int:
                     "fallbacks": stats["fallbacks"],
                 }
             )
+    # chunkmeta's build() on a decode-only step, alone (dispatch_ns); 8 decodes: its work does not
+    # depend on the batch (an attribute read and a compare)
+    figures["dispatch"] = {}
+    for name, made in pairs.items():
+        if isinstance(made, str) or name in CONTROLS:
+            continue
+        cost = dispatch_ns(made[1], decode_batch(8, device))
+        figures["dispatch"][name] = cost
+        print(
+            f"{name:16} decode-only dispatch: chunkmeta's build() {cost['chunkmeta_build_ns']:.0f} ns over a stub "
+            f"of vLLM's build(), the stub alone {cost['stub_ns']:.0f} ns: {cost['added_ns']:+.0f} ns"
+        )
     runs.save("vllm_builders", figures, script="bench/vllm_builders.py", argv=argv, out=args.out)
     return 0
 

@@ -126,7 +126,8 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     /* two rounds in one word (the even one low): half the shuffles, which are the scan's cost
        from 4 rounds on. Neither half can carry into the other: a round's sum is at most the
        entry's row capacity (< 2^16 here), which the host's checks keep every step within */
-    unsigned pair[ROUNDS / 2];
+    /* sized at least 1: the array is declared (not instantiated away) where ROUNDS is 1 too */
+    unsigned pair[ROUNDS / 2 > 0 ? ROUNDS / 2 : 1];
 #pragma unroll
     for (int k = 0; k < ROUNDS / 2; k++) pair[k] = (unsigned)run[2 * k] | (unsigned)run[2 * k + 1] << 16;
 #pragma unroll

@@ -65,6 +65,16 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         summary="{speedup:.3f}x at {concurrency}; syncs {vllm[syncs_per_step]} / {chunkmeta[syncs_per_step]}; "
         "bit-identical {bit_identical}",
     ),
+    "vllm_full_graph": Family(
+        "vLLM mixed step in one CUDA graph",
+        "bench/vllm_full_graph.py: a Kimi-Linear mixed prefill+decode step on vLLM 0.33.0's own ops, a new random "
+        "batch every step: vLLM's piecewise graphs (GEMMs captured, linear-attention ops eager) with vLLM's or "
+        "chunkmeta's metadata, against the whole step in one graph per bucket (`integrations/vllm/mixed_step.py`).",
+        rows="steps",
+        label="{requests} x {tokens}",
+        cell=("{ms_per_step:.3f} ms/step, {syncs_per_step} syncs",),
+        summary="full {speedup_full:.2f}x vllm_piecewise at {requests} x {tokens}; states equal {states_equal}",
+    ),
     "sglang_mamba2": Family(
         "SGLang's Mamba2 extend metadata",
         "bench/sglang_mamba2.py: host µs per forward (median) and syncs counted, SGLang 0.5.23's own "

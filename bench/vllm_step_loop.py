@@ -247,55 +247,66 @@ class Engine:
 
     def layer(self, hidden, m, w: Layer, cache) -> torch.Tensor:
         """KimiGatedDeltaNetAttention.forward + _forward on a non-spec batch with prefills."""
-        s, ops = self.shape, self.ops
-        num_tokens = hidden.shape[0]
-        mixed_qkv, beta, f_a = F.linear(hidden, w.in_proj).split([3 * s.proj, s.heads, s.head_dim], dim=-1)
-        g1 = F.linear(f_a, w.f_b_proj).reshape(1, num_tokens, s.heads, s.head_dim)
-        beta = beta.unsqueeze(0)
-        n = m.num_actual_tokens
-        mixed_qkv, g1, beta = mixed_qkv[:n], g1[:, :n], beta[:, :n]
-        conv_state, recurrent_state = cache
-        if not ops.conv_dim_first:
-            conv_state = conv_state.transpose(-1, -2)
-        weights = w.conv1d.view(w.conv1d.size(0), w.conv1d.size(2)).split(s.proj, dim=0)
-        states = conv_state.split(s.proj, dim=-2)
-        q, k, v = (
-            ops.causal_conv1d_fn(
-                x.transpose(0, 1),
-                weight,
-                None,
-                activation="silu",
-                conv_states=state,
-                has_initial_state=m.has_initial_state,
-                cache_indices=m.non_spec_state_indices_tensor,
-                query_start_loc=m.non_spec_query_start_loc,
-                metadata=m,
-            )
-            .transpose(0, 1)
-            .reshape(1, n, s.heads, s.head_dim)
-            for x, weight, state in zip(mixed_qkv.split(s.proj, dim=-1), weights, states, strict=True)
-        )
-        initial_state = ops.gather_initial_states(recurrent_state, m.non_spec_state_indices_tensor, m.has_initial_state)
-        o, last_state = ops.chunk_kda_with_fused_gate(
-            q=q,
-            k=k,
-            v=v,
-            raw_g=g1,
-            raw_beta=beta,
-            A_log=w.A_log,
-            g_bias=w.dt_bias,
-            lower_bound=None,  # Kimi-Linear's config sets no gate_lower_bound
-            initial_state=initial_state,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=m.non_spec_query_start_loc,
-        )
-        recurrent_state[m.non_spec_state_indices_tensor] = last_state
-        return F.linear(o.reshape(n, s.proj), w.o_proj)
+        s = self.shape
+        o = linear_attention(self.ops, s, m, *project(s, hidden, w), w, cache)
+        return F.linear(o.reshape(m.num_actual_tokens, s.proj), w.o_proj)
 
     def states_equal(self) -> bool:
         a, b = (self.caches[m] for m in METHODS)
         return all(torch.equal(x, y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
+
+
+def project(s: Shape, hidden, w: Layer):
+    """``forward``'s input GEMMs: ``(mixed_qkv [T, 3P], g1 [1, T, H, D], beta [1, T, H])``."""
+    mixed_qkv, beta, f_a = F.linear(hidden, w.in_proj).split([3 * s.proj, s.heads, s.head_dim], dim=-1)
+    g1 = F.linear(f_a, w.f_b_proj).reshape(1, hidden.shape[0], s.heads, s.head_dim)
+    return mixed_qkv, g1, beta.unsqueeze(0)
+
+
+def linear_attention(ops: Ops, s: Shape, m, mixed_qkv, g1, beta, w: Layer, cache) -> torch.Tensor:
+    """The middle of ``_forward``'s non-spec path with prefills, on the real tokens
+    (``m.num_actual_tokens`` of the inputs): three ``causal_conv1d_fn``, the initial states, the
+    vendored chunk KDA with ``cu_seqlens`` only, the final states written back."""
+    n = m.num_actual_tokens
+    mixed_qkv, g1, beta = mixed_qkv[:n], g1[:, :n], beta[:, :n]
+    conv_state, recurrent_state = cache
+    if not ops.conv_dim_first:
+        conv_state = conv_state.transpose(-1, -2)
+    weights = w.conv1d.view(w.conv1d.size(0), w.conv1d.size(2)).split(s.proj, dim=0)
+    states = conv_state.split(s.proj, dim=-2)
+    q, k, v = (
+        ops.causal_conv1d_fn(
+            x.transpose(0, 1),
+            weight,
+            None,
+            activation="silu",
+            conv_states=state,
+            has_initial_state=m.has_initial_state,
+            cache_indices=m.non_spec_state_indices_tensor,
+            query_start_loc=m.non_spec_query_start_loc,
+            metadata=m,
+        )
+        .transpose(0, 1)
+        .reshape(1, n, s.heads, s.head_dim)
+        for x, weight, state in zip(mixed_qkv.split(s.proj, dim=-1), weights, states, strict=True)
+    )
+    initial_state = ops.gather_initial_states(recurrent_state, m.non_spec_state_indices_tensor, m.has_initial_state)
+    o, last_state = ops.chunk_kda_with_fused_gate(
+        q=q,
+        k=k,
+        v=v,
+        raw_g=g1,
+        raw_beta=beta,
+        A_log=w.A_log,
+        g_bias=w.dt_bias,
+        lower_bound=None,  # Kimi-Linear's config sets no gate_lower_bound
+        initial_state=initial_state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=m.non_spec_query_start_loc,
+    )
+    recurrent_state[m.non_spec_state_indices_tensor] = last_state
+    return o
 
 
 # -- the run --------------------------------------------------------------------------------

@@ -502,17 +502,23 @@ def serves_for(base: type) -> Serves:
 
 def chunkmeta_builder_class(base: type, *, reuse_block_table: bool = False) -> type:
     """The chunkmeta mixin of ``base``'s family in front of ``base`` (one class per base: vLLM
-    groups layers and reuses metadata by builder type)."""
+    groups layers and reuses metadata by builder type); with ``CHUNKMETA_VLLM_FULL_GRAPH`` on, a
+    GDN-family builder also gets ``full_graph.FullGraphBuilderMixin``."""
     if issubclass(base, ChunkmetaBuilderMixin):
         return base
+    from chunkmeta.integrations.vllm import full_graph
     from chunkmeta.integrations.vllm.interface import is_gdn_family
 
-    key = (base, reuse_block_table)
+    gdn = is_gdn_family(base)
+    full = gdn and full_graph.opted_in()  # CHUNKMETA_VLLM_FULL_GRAPH: mixed steps in FULL graphs
+    key = (base, reuse_block_table, full)
     with _CLASSES_LOCK:
         cls = _CLASSES.get(key)
         if cls is None:
             serves = serves_for(base)
-            mixin = GdnFamilyMixin if is_gdn_family(base) else MambaFamilyMixin
+            mixins = (GdnFamilyMixin,) if gdn else (MambaFamilyMixin,)
+            if full:
+                mixins = (full_graph.FullGraphBuilderMixin, *mixins)
 
             def body(namespace):
                 namespace.update(
@@ -522,6 +528,6 @@ def chunkmeta_builder_class(base: type, *, reuse_block_table: bool = False) -> t
                     _chunkmeta_serves=serves,
                 )
 
-            cls = types.new_class(f"Chunkmeta{base.__name__}", (mixin, base), exec_body=body)
+            cls = types.new_class(f"Chunkmeta{base.__name__}", (*mixins, base), exec_body=body)
             _CLASSES[key] = cls
     return cls

@@ -128,6 +128,11 @@ def _module_wiring(version: str, modules: VllmModules) -> dict:
     if modules.kimi_nvidia is not None:
         jobs.setdefault(modules.kimi_nvidia, []).append(_wire_kimi(KIMI_NVIDIA_BACKEND, gdn_builder, conv=True))
 
+    from chunkmeta.integrations.vllm import full_graph
+
+    if full_graph.opted_in():
+        jobs.setdefault(full_graph.KIMI_LAYER_MODULE, []).append(full_graph.kimi_layer_wiring(_PATCHES))
+
     def wiring(steps):
         def wire(module):
             with _PATCHES.all_or_nothing():  # a module is wired whole or not at all

@@ -40,17 +40,23 @@ def triton_path(tmp_path) -> str | None:
     return None
 
 
-def test_smoke_runs_both_paths_and_they_agree(tmp_path):
+def run_smoke(tmp_path, script: str, *args: str) -> dict:
+    """``script --smoke *args`` in a child process with a triton on its path; its one record."""
     path = triton_path(tmp_path)
     if path is None:
         pytest.skip("no triton here or in the repo's .venv: vLLM's ops are Triton kernels")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH", "")) if p)
     out = tmp_path / "out"
-    command = [sys.executable, "bench/vllm_step_loop.py", "--smoke", "--concurrency", "4", "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, script, "--smoke", *args, "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (out / "vllm_step_loop.runs.jsonl").read_text().splitlines()]
+    (record,) = [json.loads(line) for line in next(out.glob("*.runs.jsonl")).read_text().splitlines()]
+    return record
+
+
+def test_smoke_runs_both_paths_and_they_agree(tmp_path):
+    record = run_smoke(tmp_path, "bench/vllm_step_loop.py", "--concurrency", "4")
     (row,) = record["figures"]["rows"]
     assert row["vllm"]["available"] and row["chunkmeta"]["available"], row
     assert row["identical"] == {"warmup_output": True, "last_output": True, "states": True}

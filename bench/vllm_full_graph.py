@@ -1,0 +1,498 @@
+"""Issue 34: a Kimi-Linear mixed prefill+decode step in one CUDA graph, on vLLM 0.33.0's own ops.
+
+    python bench/vllm_full_graph.py --out DIR [--exact-batches 200] [--steps 30] [--layers 24]
+    python bench/vllm_full_graph.py --smoke --out DIR   (CPU, vLLM's ops under Triton's interpreter)
+
+Two parts, each a record (``bench/results.py``: ``vllm_full_graph.runs.jsonl``) under ``--out``:
+
+**exact**: one KDA layer's linear-attention part (three ``causal_conv1d_fn``, vLLM's
+``gather_initial_states``, the vendored ``chunk_kda_with_fused_gate``, the state write-back)
+over ``--exact-batches`` random mixed batches of one bucket. ``chunkmeta_full``: captured once
+(``integrations/vllm/mixed_step.kda_mixed_forward`` on a ``MixedStepInputs`` bucket), each batch
+staged and the graph replayed. Reference: vLLM's eager path on the same batch, exact shapes, the
+stock builder's metadata. Compared bit for bit (``torch.equal``): the output of every real token,
+every real block's recurrent and conv states. Batches: decodes, prefill chunks with and without
+a cached prefix, sometimes trailing zero-length rows (vLLM leaves them in the slice under spec
+decode); at least one row over one token, so that vLLM's eager path is the chunked one (a
+decode-only batch takes its recurrent decode kernel, which is not the same arithmetic).
+
+**steps**: the whole step of ``--layers`` KDA layers (``bench/vllm_step_loop.py``'s layer:
+input GEMMs, the linear-attention part, ``o_proj``), a new random batch every step, per shape
+(requests x tokens), methods interleaved:
+
+* ``vllm_piecewise``     what vLLM runs for a mixed step: the GEMM pieces between the
+                         linear-attention ops captured as CUDA graphs for the token bucket (vLLM's
+                         piecewise / breakable graphs), the linear-attention ops eager on the real
+                         tokens, vLLM's metadata (the stock builder; the KDA op's own
+                         ``prepare_chunk_indices``, with its sync);
+* ``chunkmeta_piecewise`` the same with chunkmeta's builder (no sync);
+* ``chunkmeta_full``     the whole step one graph per bucket (tokens x requests), captured once,
+                         ``stage()`` + replay per step.
+
+Reported per shape: ms/step (medians), syncs per step (``set_sync_debug_mode("warn")``), graph
+memory (the pool's reserved bytes) and capture time per bucket, and whether ``chunkmeta_full``'s
+outputs and states equal ``vllm_piecewise``'s (both run their GEMMs at the bucket's token count).
+
+``--smoke`` (CPU): tiny shapes, no graphs (CUDA only): every path runs eagerly, the graph-safe
+forward on its padded bucket, so the exactness check still compares padded against exact shapes;
+vLLM's CPU conv (torch; the interpreter cannot run its Triton conv) reads no conv table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+SMOKE = "--smoke" in sys.argv[1:]
+if SMOKE:  # before torch and triton are imported: the interpreter is chosen at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import numpy as np  # noqa: E402
+import results as runs  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import vllm_builders  # noqa: E402
+import vllm_step_loop as loop  # noqa: E402  the layer, its weights and vLLM's ops
+
+from chunkmeta.timing import interleaved_ms, median  # noqa: E402
+
+METHODS = ("vllm_piecewise", "chunkmeta_piecewise", "chunkmeta_full")
+SHAPES = ((8, 256), (8, 1024), (8, 4096), (32, 512), (64, 4096))  # (requests, tokens)
+REQUEST_BUCKETS = (8, 16, 32, 64, 128, 256)
+
+
+def request_bucket(requests: int) -> int:
+    return next(b for b in REQUEST_BUCKETS if b >= requests)
+
+
+def random_batch(rng: np.random.Generator, requests: int, tokens: int) -> tuple[list[int], list[int]]:
+    """``(query_lens, context_lens)`` of a mixed batch of ``requests`` rows and at most ``tokens``
+    tokens, decodes first (vLLM's order): decodes, then prefill chunks (a fresh prompt or a later
+    chunk over a cached prefix), sometimes trailing zero-length rows; one row over one token."""
+    padding = int(rng.integers(0, 3)) if requests > 2 and rng.random() < 0.3 else 0
+    real = requests - padding
+    prefills = int(rng.integers(1, real + 1))
+    decodes = real - prefills
+    budget = tokens - decodes
+    if budget < 2 * prefills:  # every prefill at least 2 tokens
+        prefills = max(1, budget // 2)
+        decodes = real - prefills
+        budget = tokens - decodes
+    cuts = (
+        np.sort(rng.choice(np.arange(1, budget - prefills + 1), size=prefills - 1, replace=False))
+        if prefills > 1
+        else []
+    )
+    sizes = np.diff(np.concatenate([[0], cuts, [budget - prefills]])).astype(int) + 1
+    sizes[sizes < 2] = 2
+    sizes[-1] -= int(sizes.sum()) - budget  # the chunks fill the step
+    if sizes[-1] < 1:
+        sizes[-1] = 1
+    query = [1] * decodes + [int(s) for s in sizes] + [0] * padding
+    context = [int(rng.integers(16, 4000)) for _ in range(decodes)]
+    context += [0 if rng.random() < 0.4 else int(rng.integers(1, 8192)) for _ in sizes]
+    context += [int(rng.integers(0, 100)) for _ in range(padding)]
+    return query, context
+
+
+class Bench:
+    """The model (``loop.Engine``'s weights, runner buffers and stock / chunkmeta builders) and
+    a set of states per method."""
+
+    def __init__(self, shape, builders, ops, max_reqs, max_tokens, device, methods):
+        from chunkmeta.integrations.vllm import routing
+        from chunkmeta.integrations.vllm.mixed_step import KdaOps
+
+        self.engine = loop.Engine(shape, {m: None for m in methods}, ops, max_reqs, max_tokens, device)
+        self.builders = builders
+        self.shape, self.ops, self.device = shape, ops, device
+        self.kda_ops = KdaOps(
+            ops.causal_conv1d_fn, ops.gather_initial_states, ops.chunk_kda_with_fused_gate, routing.router()
+        )
+        self.buckets: dict[tuple, object] = {}
+
+    def states_equal(self, a: str, b: str) -> bool:
+        """Every layer's conv and recurrent states, the null block 0 left out (padded rows write there)."""
+        ca, cb = self.engine.caches[a], self.engine.caches[b]
+        return all(
+            torch.equal(x[1:], y[1:]) for pa, pb in zip(ca, cb, strict=True) for x, y in zip(pa, pb, strict=True)
+        )
+
+    def conv_views(self, cache):
+        conv_state = cache[0] if self.ops.conv_dim_first else cache[0].transpose(-1, -2)
+        return conv_state.split(self.shape.proj, dim=-2)
+
+
+def linear_attention_eager(bench: Bench, m, mixed_qkv, g1, beta, w, cache) -> torch.Tensor:
+    """vLLM's eager non-spec path with prefills on the real tokens."""
+    return loop.linear_attention(bench.ops, bench.shape, m, mixed_qkv, g1, beta, w, cache)
+
+
+def linear_attention_mixed(bench: Bench, inputs, mixed_qkv, g1, beta, w, cache) -> torch.Tensor:
+    from chunkmeta.integrations.vllm.mixed_step import kda_mixed_forward
+
+    s = bench.shape
+    weights = w.conv1d.view(w.conv1d.size(0), w.conv1d.size(2)).split(s.proj, dim=0)
+    return kda_mixed_forward(
+        bench.kda_ops, inputs, mixed_qkv=mixed_qkv, g1=g1, beta=beta, conv_weights=tuple(weights),
+        conv_states=tuple(bench.conv_views(cache)), recurrent_state=cache[1], A_log=w.A_log, dt_bias=w.dt_bias,
+        lower_bound=None, head_dim=s.head_dim,
+    )  # fmt: skip
+
+
+def stage(inputs, m) -> None:
+    """What the chunkmeta builder does for a captured mixed step, from vLLM's common metadata."""
+    inputs.stage(
+        m.query_start_loc,
+        m.query_start_loc_cpu,
+        m.block_table_tensor[:, 0],
+        m.compute_num_computed_tokens() > 0,
+    )
+
+
+# -- exact: one layer's linear-attention part, graph replays against vLLM's eager path ----------
+
+
+def run_exact(bench: Bench, requests: int, tokens: int, batches: int, seed: int) -> dict:
+    from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
+
+    s, dev, cuda = bench.shape, bench.device, bench.device.type == "cuda"
+    inputs = MixedStepInputs(tokens, request_bucket(requests), dev)  # padded request rows in every batch
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    static = {
+        "mixed_qkv": torch.zeros(tokens, 3 * s.proj, dtype=s.dtype, device=dev),
+        "g1": torch.zeros(1, tokens, s.heads, s.head_dim, dtype=s.dtype, device=dev),
+        "beta": torch.zeros(1, tokens, s.heads, dtype=s.dtype, device=dev),
+    }
+    w = bench.engine.layers[0]
+    ref_cache, graph_cache = bench.engine.caches["vllm_piecewise"][0], bench.engine.caches["chunkmeta_full"][0]
+    rng = np.random.default_rng(seed)
+    graph, out_static, capture_s, pool_bytes = None, None, None, None
+    if cuda:  # capture on a first batch (warm-up outside: Triton compiles and tunes there)
+        query, context = random_batch(rng, requests, tokens)
+        stage(inputs, bench.engine.inputs.common_metadata(query, context))
+        scratch = tuple(torch.zeros_like(t) for t in graph_cache)
+        linear_attention_mixed(bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, scratch)
+        torch.cuda.synchronize()
+        graph, before = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved()
+        start = time.perf_counter()
+        with torch.cuda.graph(graph):
+            out_static = linear_attention_mixed(
+                bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, graph_cache
+            )
+        capture_s, pool_bytes = time.perf_counter() - start, torch.cuda.memory_reserved() - before
+        torch.cuda.synchronize()
+        for t in graph_cache:
+            t.zero_()  # the capture ran nothing, but start both histories alike
+    mismatches, compared, tokens_compared = [], 0, 0
+    for b in range(batches):
+        query, context = random_batch(rng, int(rng.integers(2, requests + 1)), tokens)
+        for t in static.values():
+            t.copy_(torch.randn(t.shape, generator=gen, device=dev).to(t.dtype))
+        m = bench.engine.inputs.common_metadata(query, context)
+        metadata = bench.builders["vllm_piecewise"].build(0, m)
+        ref = linear_attention_eager(bench, metadata, static["mixed_qkv"], static["g1"], static["beta"], w, ref_cache)
+        if cuda:
+            torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
+            try:
+                stage(inputs, m)
+                graph.replay()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            out = out_static
+        else:
+            stage(inputs, m)
+            out = linear_attention_mixed(
+                bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, graph_cache
+            )
+        n = m.num_actual_tokens
+        same_out = torch.equal(out[:, :n], ref)
+        same_states = all(torch.equal(x[1:], y[1:]) for x, y in zip(ref_cache, graph_cache, strict=True))
+        compared += 1
+        tokens_compared += n
+        if not (same_out and same_states):
+            mismatches.append(
+                {"batch": b, "query_lens": query, "context_lens": context, "output": same_out, "states": same_states}
+            )
+    return {
+        "requests": requests, "tokens": tokens, "batches": compared, "tokens_compared": tokens_compared,
+        "bit_identical": not mismatches, "mismatches": mismatches[:5], "captured": graph is not None,
+        "capture_s": capture_s, "graph_pool_bytes": pool_bytes,
+    }  # fmt: skip
+
+
+# -- steps: the whole step, three methods -------------------------------------------------------
+
+
+class Piecewise:
+    """The GEMM pieces of a step for one token bucket, as vLLM's piecewise graphs hold them:
+    ``pre[l]`` (input GEMMs of layer l) and ``post[l]`` (``o_proj``), each segment between two
+    linear-attention ops one graph; the linear-attention ops run eagerly between replays."""
+
+    def __init__(self, bench: Bench, tokens: int, capture: bool):
+        s, dev = bench.shape, bench.device
+        self.bench, self.tokens = bench, tokens
+        self.h = torch.zeros(tokens, s.hidden, dtype=s.dtype, device=dev)
+        self.o = torch.zeros(tokens, s.proj, dtype=s.dtype, device=dev)
+        self.proj = [None] * s.layers
+        self.segments = []
+        for i in range(s.layers + 1):
+            self.segments.append(self._segment(i, capture))
+
+    def _pre(self, i):
+        self.proj[i] = loop.project(self.bench.shape, self.h, self.bench.engine.layers[i])
+
+    def _post(self, i):
+        self.h.copy_(F.linear(self.o, self.bench.engine.layers[i].o_proj))
+
+    def _segment(self, i, capture):
+        layers = self.bench.shape.layers
+
+        def run():
+            if i > 0:
+                self._post(i - 1)
+            if i < layers:
+                self._pre(i)
+
+        if not capture:
+            return run
+        run()  # warm-up
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        return graph.replay
+
+    def step(self, x, attention) -> torch.Tensor:
+        """``attention(i, mixed_qkv, g1, beta)`` -> the real tokens' output ``[1, n, H, D]``."""
+        n = x.shape[0]
+        self.h[:n].copy_(x)
+        for i, segment in enumerate(self.segments):
+            segment()
+            if i < len(self.proj):
+                out = attention(i, *self.proj[i])
+                self.o[:n].copy_(out.reshape(n, -1))
+        return self.h
+
+
+class FullStep:
+    """The whole step of one bucket (tokens x requests) in one graph: GEMMs and the graph-safe
+    linear-attention forward of every layer; ``stage()`` then replay per step."""
+
+    def __init__(self, bench: Bench, method: str, tokens: int, requests: int, capture: bool):
+        from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
+
+        s, dev = bench.shape, bench.device
+        self.bench, self.method, self.tokens = bench, method, tokens
+        self.inputs = MixedStepInputs(tokens, requests, dev)
+        self.h = torch.zeros(tokens, s.hidden, dtype=s.dtype, device=dev)
+        self.capture_s = self.pool_bytes = None
+        self.graph = None
+        if capture:
+            stage(self.inputs, bench.engine.inputs.common_metadata([tokens // requests] * requests, [0] * requests))
+            scratch = [tuple(torch.zeros_like(t) for t in c) for c in bench.engine.caches[method]]
+            self._run(scratch)  # warm-up on scratch states: the capture runs nothing
+            torch.cuda.synchronize()
+            graph, before = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved()
+            start = time.perf_counter()
+            with torch.cuda.graph(graph):
+                self.out = self._run(bench.engine.caches[method])
+            self.capture_s, self.pool_bytes = time.perf_counter() - start, torch.cuda.memory_reserved() - before
+            self.graph = graph
+
+    def _run(self, caches):
+        b, s = self.bench, self.bench.shape
+        h = self.h
+        for w, cache in zip(b.engine.layers, caches, strict=True):
+            o = linear_attention_mixed(b, self.inputs, *loop.project(s, h, w), w, cache)
+            h = F.linear(o.reshape(self.tokens, s.proj), w.o_proj)
+        return h
+
+    def step(self, m, x) -> torch.Tensor:
+        stage(self.inputs, m)
+        self.h[: x.shape[0]].copy_(x)
+        if self.graph is None:
+            return self._run(self.bench.engine.caches[self.method])
+        self.graph.replay()
+        return self.out
+
+
+def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, capture: bool) -> dict:
+    dev = bench.device
+    cuda = dev.type == "cuda"
+    rng = np.random.default_rng(seed)
+    for caches in bench.engine.caches.values():  # every method starts from the same (zero) states
+        for cache in caches:
+            for t in cache:
+                t.zero_()
+    row = {"requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests)}
+    piecewise = Piecewise(bench, tokens, capture)
+    full = FullStep(bench, "chunkmeta_full", tokens, request_bucket(requests), capture)
+    row["chunkmeta_full_capture_s"], row["chunkmeta_full_graph_bytes"] = full.capture_s, full.pool_bytes
+    batch = {}
+    last = {}
+
+    def next_batch():
+        batch["case"] = random_batch(rng, requests, tokens)
+
+    def run(method):
+        query, context = batch["case"]
+        m = bench.engine.inputs.common_metadata(query, context)
+        x = bench.engine.x[: m.num_actual_tokens]
+        if method == "chunkmeta_full":
+            last[method] = full.step(m, x)[: m.num_actual_tokens]
+            return
+        metadata = bench.builders[method].build(0, m)
+        caches = bench.engine.caches[method]
+
+        def attention(i, mixed_qkv, g1, beta):
+            return linear_attention_eager(bench, metadata, mixed_qkv, g1, beta, bench.engine.layers[i], caches[i])
+
+        last[method] = piecewise.step(x, attention)[: m.num_actual_tokens]
+
+    wait = torch.cuda.current_stream().synchronize if cuda else (lambda: None)
+    syncs = {}
+    next_batch()
+    for method in METHODS:  # warm-up, and the sync count of one step each
+        run(method)
+        wait()
+        if cuda:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    run(method)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            wait()
+            syncs[method] = sum(loop.TORCH_SYNC_WARNING in str(w.message) for w in caught)
+    calls = [0]
+
+    def timed(method):
+        if calls[0] % len(METHODS) == 0:
+            next_batch()  # a new batch every round, the same for every method (whatever the order)
+        calls[0] += 1
+        run(method)
+
+    times = interleaved_ms(timed, list(METHODS), steps, wait=wait)
+    next_batch()  # one more step each, untimed: outputs compared (the static buffers are reused)
+    final = {}
+    for method in METHODS:
+        run(method)
+        final[method] = last[method].clone()
+    row["last_output_equal"] = torch.equal(final["vllm_piecewise"], final["chunkmeta_full"])
+    row["piecewise_output_equal"] = torch.equal(final["vllm_piecewise"], final["chunkmeta_piecewise"])
+    row["finite_output"] = bool(torch.isfinite(final["vllm_piecewise"]).all())
+    row["states_equal"] = bench.states_equal("vllm_piecewise", "chunkmeta_full")
+    row["piecewise_states_equal"] = bench.states_equal("vllm_piecewise", "chunkmeta_piecewise")
+    for method in METHODS:
+        row[method] = {"ms_per_step": median(times[method]), "syncs_per_step": syncs.get(method)}
+    base = row["vllm_piecewise"]["ms_per_step"]
+    row["speedup_full"] = base / row["chunkmeta_full"]["ms_per_step"]
+    row["speedup_piecewise"] = base / row["chunkmeta_piecewise"]["ms_per_step"]
+    return row
+
+
+def format_tables(figures: dict, device: str) -> str:
+    lines = [f"# vLLM mixed step in one CUDA graph: {device}, {figures['model']}", "", "## exact", ""]
+    e = figures["exact"]
+    lines.append(
+        f"{e['batches']} random mixed batches ({e['requests']} requests, {e['tokens']} tokens bucket), "
+        f"{'captured once, replayed' if e['captured'] else 'eager (no CUDA)'}: bit-identical to vLLM's eager path: "
+        f"{'yes' if e['bit_identical'] else 'NO'} ({e['tokens_compared']} tokens compared)"
+    )
+    lines += [
+        "",
+        "## steps",
+        "",
+        "| requests x tokens | vllm_piecewise ms | chunkmeta_piecewise ms | chunkmeta_full ms | full speed-up | "
+        "syncs (vllm / cm pw / cm full) | capture s | graph MiB | outputs / states equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in figures["steps"]:
+        if "error" in r:
+            lines.append(f"| {r['requests']} x {r['tokens']} | failed: {r['error'][:80]} |")
+            continue
+        syncs = " / ".join("n/a" if r[m]["syncs_per_step"] is None else str(r[m]["syncs_per_step"]) for m in METHODS)
+        mib = "n/a" if r["chunkmeta_full_graph_bytes"] is None else f"{r['chunkmeta_full_graph_bytes'] / 2**20:.0f}"
+        cap = "n/a" if r["chunkmeta_full_capture_s"] is None else f"{r['chunkmeta_full_capture_s']:.2f}"
+        lines.append(
+            f"| {r['requests']} x {r['tokens']} | {r['vllm_piecewise']['ms_per_step']:.3f} | "
+            f"{r['chunkmeta_piecewise']['ms_per_step']:.3f} | {r['chunkmeta_full']['ms_per_step']:.3f} | "
+            f"{r['speedup_full']:.2f}x | {syncs} | {cap} | {mib} | {r['last_output_equal']} / {r['states_equal']} |"
+        )
+    return "\n".join(lines)
+
+
+DEFAULTS = dict(
+    steps=30,
+    layers=24,
+    heads=16,
+    head_dim=128,
+    hidden=2304,
+    exact_batches=200,
+    shapes="8x256,8x1024,8x4096,32x512,64x4096",
+)
+SMOKE_DEFAULTS = dict(steps=2, layers=1, heads=2, head_dim=16, hidden=32, exact_batches=4, shapes="4x16")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    for name in DEFAULTS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=str if name == "shapes" else int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    for name, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    started = time.monotonic()
+    vllm_builders.import_vllm()
+    if args.smoke:
+        loop.check_smoke_environment()
+    elif not torch.cuda.is_available():
+        sys.exit("no CUDA device: vLLM's ops need one (or Triton's interpreter: --smoke)")
+    device = torch.device("cpu" if args.smoke else "cuda")
+    shape = loop.Shape(
+        hidden=args.hidden, heads=args.heads, head_dim=args.head_dim, conv_kernel=4, layers=args.layers,
+        dtype=torch.float32 if args.smoke else torch.bfloat16,
+    )  # fmt: skip
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    max_reqs = max(request_bucket(r) for r, _ in shapes)
+    max_tokens = max(t for _, t in shapes)
+    with tempfile.TemporaryDirectory() as root:
+        config = vllm_builders.configs(root, max_num_seqs=max_reqs, max_num_tokens=max_tokens, prefix_caching=False)[
+            "gdn"
+        ]
+    made, errors = loop.make_builders("gdn", config, shape, device)
+    if errors:
+        sys.exit(f"builders: {errors}")
+    builders = {"vllm_piecewise": made["vllm"], "chunkmeta_piecewise": made["chunkmeta"]}
+    bench = Bench(shape, builders, loop.Ops(device), max_reqs, max_tokens, device, METHODS)
+    figures = {"model": shape.describe(), "smoke": args.smoke, "steps_per_shape": args.steps}
+    requests, tokens = shapes[0]
+    figures["exact"] = run_exact(bench, requests, tokens, args.exact_batches, args.seed)
+    print(f"[{time.monotonic() - started:6.1f} s] exact: {figures['exact']['bit_identical']}", flush=True)
+    figures["steps"] = []
+    for requests, tokens in shapes:
+        try:
+            figures["steps"].append(run_steps(bench, requests, tokens, args.steps, args.seed, capture=not args.smoke))
+        except Exception as exc:  # noqa: BLE001  (the next shapes go on)
+            figures["steps"].append({"requests": requests, "tokens": tokens, "error": loop._error(exc)})
+        print(f"[{time.monotonic() - started:6.1f} s] {requests} x {tokens} done", flush=True)
+    figures["seconds"] = round(time.monotonic() - started, 1)
+    record = runs.save("vllm_full_graph", figures, script="bench/vllm_full_graph.py", argv=argv, out=args.out)
+    print(format_tables(figures, record["device"].get("gpu", "cpu")))
+    ok = figures["exact"]["bit_identical"] and all(r.get("states_equal") for r in figures["steps"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+"""A hybrid model's mixed prefill+decode step with shapes fixed by a bucket: what one CUDA graph holds.
+
+vLLM 0.33.0 never captures a step that holds a prefill for a GDN-family model: the builder says
+``UNIFORM_BATCH`` (v1/attention/backends/gdn_attn.py:136), the linear-attention layers branch on
+host counts, derive their grids from per-step tensor lengths and, for Kimi-Linear, sync inside
+the vendored KDA op (``prepare_chunk_indices``). Here every shape a kernel sees is fixed by a
+bucket of ``num_tokens`` tokens and ``num_reqs`` requests:
+
+* ``MixedStepInputs``: the per-step values the layers read, at fixed addresses. ``stage()``
+  (before a replay, outside the graph) checks the batch on the host, queues one fill of a
+  one-slot ``StepTablesBuilder`` from the engine's ``query_start_loc`` and copies the state
+  indices and ``has_initial_state`` in: FLA's tables over every row (``cu_seqlens`` padded with zero-length
+  tail sequences, ``chunk_indices`` capacity rows, padding rows on the reserved tail sequence)
+  and the causal-conv1d tables (capacity rows, ``PAD_SLOT_ID`` tail, on which vLLM's conv kernel
+  returns: model_executor/layers/mamba/ops/causal_conv1d.py:78).
+* ``kda_mixed_forward``: the non-spec path of ``KimiGatedDeltaNetAttention._forward`` with
+  prefills (kimi_gdn_linear_attn.py:533-593) with no host branch: decodes ride the chunked path
+  as one-token sequences, as they already do there whenever a prefill is in the batch.
+* ``gdn_mixed_forward``: the same for the FLA-triton prefill of Qwen3-Next / Qwen3.5
+  (``chunk_gated_delta_rule`` with the tables passed), decodes not peeled off.
+
+Padded rows never touch real state: their state index is vLLM's null block 0 (never ``-1``:
+torch indexing wraps it to the last cache line), ``has_initial_state`` False (the gather masks
+the load and the conv starts from zeros), conv rows ``PAD_SLOT_ID``. Padded tokens past the last
+row belong to no sequence: no conv or chunk program reads them as a row's input, and their
+outputs are garbage the engine discards (it samples real tokens only).
+
+``cu_seqlens`` handed to the kernels is a view of the first ``num_reqs + 1`` entries of the
+tail-padded table, which has two more: the reserved tail sequence ``num_reqs`` (where the
+padding rows point) and an entry after it. KDA's token-parallel intra-chunk kernel (Kimi-Linear:
+no ``gate_lower_bound``) reads ``cu_seqlens[N + 1]`` for a token past ``cu_seqlens[N]``; here it
+exists and equals the total, so that program returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+
+from chunkmeta import tables
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations.vllm.tables import CONV_BLOCK_M, FLA_CHUNK_SIZE, conv_fields
+from chunkmeta.step_builder import StepTablesBuilder
+
+NULL_BLOCK_ID = 0  # vLLM's null block (v1/attention/backends/utils.py:55): padded rows' state
+
+
+class ConvMetadata(NamedTuple):
+    """The three fields ``causal_conv1d_fn(metadata=...)`` reads of vLLM's attention metadata."""
+
+    nums_dict: dict
+    batch_ptr: torch.Tensor
+    token_chunk_offset_ptr: torch.Tensor
+
+
+class _RoutedTables(NamedTuple):
+    """What ``FlaRouter`` reads of a provider, for the ``cu_seqlens`` view the kernels get."""
+
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    chunk_size: int
+    padding: str
+    metadata: object
+
+    def check_live(self):
+        self.metadata.check_live()
+        return self
+
+
+class MixedStepInputs:
+    """The per-step inputs of a mixed step for a bucket of ``num_tokens`` tokens and ``num_reqs``
+    requests, at fixed addresses (``stage()`` a step, capture once, ``stage()`` before every replay).
+
+    Fields the layers read: ``cu_seqlens`` (int32 ``[num_reqs + 1]``), ``state_indices`` (int32
+    ``[num_reqs]``, padded with the null block), ``has_initial_state`` (bool ``[num_reqs]``,
+    padded False), ``conv`` (``ConvMetadata``, ``tot`` = the capacity rows), ``chunk_indices`` /
+    ``chunk_offsets`` (FLA's, capacity rows). ``fla_routed()`` hands the tables to a vendored FLA
+    op that derives them from ``cu_seqlens`` itself (Kimi's KDA).
+    """
+
+    def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int = FLA_CHUNK_SIZE):
+        for name, value in (("num_tokens", num_tokens), ("num_reqs", num_reqs)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ChunkMetaError(f"{name}={value!r}: a mixed-step bucket needs a positive int.")
+        specs = {
+            "fla": tables.Fla(chunk_size, rows="batch", fresh_cu_seqlens=False),
+            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
+        }
+        self.num_tokens, self.num_reqs, self.chunk_size = num_tokens, num_reqs, chunk_size
+        # one ring slot: every build writes the same addresses, which is what a captured graph
+        # reads (the object of a step is retired by the next build, as a graph step's is)
+        self.builder = StepTablesBuilder(num_reqs, num_tokens, tables=specs, device=device, ring_depth=1, pad="tail")
+        self.device = self.builder.device
+        self.state_indices = torch.full((num_reqs,), NULL_BLOCK_ID, dtype=torch.int32, device=self.device)
+        self.has_initial_state = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
+        empty = torch.zeros(2, dtype=torch.int32)
+        step = self.builder.build(empty.to(self.device), empty, padded=True)  # compiles the fill, and gives the views
+        fla, conv = step["fla"], step["conv"]
+        self.cu_seqlens = fla.cu_seqlens[: num_reqs + 1]
+        self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
+        nums_dict, batch_ptr, offsets = conv_fields(conv)
+        entry = nums_dict[CONV_BLOCK_M]
+        # the grid is the capacity: padding rows are PAD_SLOT_ID, on which the kernel returns
+        entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
+        self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
+        self.staged = None  # the StepTables of the last staged step (live until the next stage)
+
+    def fits(self, num_reqs: int, num_tokens: int) -> bool:
+        return num_reqs <= self.num_reqs and num_tokens <= self.num_tokens
+
+    def stage(
+        self,
+        query_start_loc: torch.Tensor,
+        query_start_loc_cpu: torch.Tensor,
+        state_indices: torch.Tensor,
+        has_initial_state: torch.Tensor,
+    ):
+        """Write one step's values before a replay (outside the graph), on the current stream:
+        every check on host data first (a ``ChunkMetaError``, nothing written), then one fill of
+        the tables from the engine's ``query_start_loc`` and two copies. No sync, and nothing the
+        graph reads is allocated or moved."""
+        num_reqs = query_start_loc_cpu.shape[0] - 1
+        num_tokens = int(query_start_loc_cpu[-1])
+        if not self.fits(num_reqs, num_tokens):
+            raise ChunkMetaError(
+                f"a batch of {num_reqs} requests / {num_tokens} tokens is over this mixed-step bucket "
+                f"({self.num_reqs} requests, {self.num_tokens} tokens): it runs eagerly."
+            )
+        for name, tensor in (("state_indices", state_indices), ("has_initial_state", has_initial_state)):
+            if tensor.shape[0] != num_reqs:
+                raise ChunkMetaError(f"{name} has {tensor.shape[0]} entries for {num_reqs} requests.")
+        self.staged = self.builder.build(query_start_loc, query_start_loc_cpu, padded=True)  # checks, then the fill
+        self.state_indices[:num_reqs].copy_(state_indices, non_blocking=True)
+        self.state_indices[num_reqs:].fill_(NULL_BLOCK_ID)
+        self.has_initial_state[:num_reqs].copy_(has_initial_state, non_blocking=True)
+        self.has_initial_state[num_reqs:].fill_(False)
+        return self.staged
+
+    @contextlib.contextmanager
+    def fla_routed(self, router):
+        """``router`` (an ``FlaRouter``) answers ``prepare_chunk_indices`` / ``_offsets`` for
+        ``cu_seqlens`` with this bucket's tables for the calls inside (capture included: the
+        answer is a fixed tensor, so the replay reads the table of the step staged then)."""
+        if self.staged is None:
+            raise ChunkMetaError("MixedStepInputs: stage() a step before the forward (capture included).")
+        provider = _RoutedTables(
+            self.cu_seqlens, self.chunk_indices, self.chunk_offsets, self.chunk_size, "tail", self.staged["fla"]
+        )
+        with router.active(provider):
+            yield
+
+
+class KdaOps(NamedTuple):
+    """vLLM's functions Kimi-Linear's non-spec path calls (the platform's versions)."""
+
+    causal_conv1d_fn: object
+    gather_initial_states: object
+    chunk_kda_with_fused_gate: object
+    router: object  # the FlaRouter over vLLM's vendored FLA (chunkmeta.integrations.vllm.routing)
+
+
+def kda_mixed_forward(
+    ops: KdaOps,
+    inputs: MixedStepInputs,
+    *,
+    mixed_qkv: torch.Tensor,
+    g1: torch.Tensor,
+    beta: torch.Tensor,
+    conv_weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    conv_states: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    recurrent_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound,
+    head_dim: int,
+) -> torch.Tensor:
+    """Kimi-Linear's KDA over a mixed batch, shapes fixed by ``inputs``' bucket: ``mixed_qkv``
+    ``[num_tokens, 3 * H * D]`` (q, k, v column blocks), ``g1`` ``[1, num_tokens, H, D]``,
+    ``beta`` ``[1, num_tokens, H]``; the conv weights and conv-state views per block, as
+    ``_forward`` splits them. Writes the final states of every row into ``recurrent_state`` (the
+    padded rows' into the null block) and returns the output ``[1, num_tokens, H, D]``."""
+    num_tokens = mixed_qkv.shape[0]
+    if num_tokens != inputs.num_tokens:
+        raise ChunkMetaError(f"{num_tokens} tokens in a mixed-step bucket of {inputs.num_tokens}: pad to the bucket.")
+    projection = mixed_qkv.shape[1] // 3
+
+    def conv(x, weight, state):
+        return ops.causal_conv1d_fn(
+            x.transpose(0, 1),
+            weight,
+            None,
+            activation="silu",
+            conv_states=state,
+            has_initial_state=inputs.has_initial_state,
+            cache_indices=inputs.state_indices,
+            query_start_loc=inputs.cu_seqlens,
+            metadata=inputs.conv,
+        ).transpose(0, 1)
+
+    q, k, v = (
+        conv(x, w, s).reshape(1, num_tokens, -1, head_dim)
+        for x, w, s in zip(mixed_qkv.split(projection, dim=-1), conv_weights, conv_states, strict=True)
+    )
+    initial_state = ops.gather_initial_states(recurrent_state, inputs.state_indices, inputs.has_initial_state)
+    with inputs.fla_routed(ops.router):
+        out, last_state = ops.chunk_kda_with_fused_gate(
+            q=q,
+            k=k,
+            v=v,
+            raw_g=g1,
+            raw_beta=beta,
+            A_log=A_log,
+            g_bias=dt_bias,
+            lower_bound=lower_bound,
+            initial_state=initial_state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=inputs.cu_seqlens,
+        )
+    recurrent_state[inputs.state_indices] = last_state
+    return out

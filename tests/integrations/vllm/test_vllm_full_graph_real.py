@@ -1,0 +1,291 @@
+"""``CHUNKMETA_VLLM_FULL_GRAPH``: vLLM 0.33.0's GDN builder and Kimi-Linear layer made ready for
+mixed steps in FULL CUDA graphs, against the real vLLM on CPU (`make test-vllm`).
+
+The builder: ``ALWAYS`` support, one bucket per captured batch shape, every step of that shape
+staged into the same tensors (shapes and addresses independent of the batch), values equal to
+the stock builder's on the same padded batches (vLLM's FULL padding: trailing zero-length
+requests on the null block, ``num_actual_tokens`` the bucket); steps of no bucket's shape and
+failures keep vLLM's path, with one warning. The layer: ``_forward`` takes the graph-safe path
+for a bucket's steps, vLLM's own otherwise. The forward's arithmetic against vLLM's eager path:
+``test_vllm_full_graph_smoke.py``.
+"""
+
+import importlib
+import importlib.util
+import logging
+import os
+import types
+
+import numpy as np
+import pytest
+import torch
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed (make test-vllm installs it)", allow_module_level=True)
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
+
+import vllm_real_batches
+from chunkmeta import reference
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations import vllm as adapter
+from chunkmeta.integrations.vllm import full_graph, mixed_step
+
+gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
+from vllm.v1.attention.backend import AttentionCGSupport
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+from vllm.v1.kv_cache_interface import MambaSpec
+
+DEVICE = torch.device("cpu")
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS = 16, 8192
+SPEC = MambaSpec(
+    block_size=16,
+    shapes=((4, 8), (2, 8, 8)),
+    dtypes=(torch.bfloat16, torch.float32),
+    mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+)
+LAYERS = ["model.layers.0.linear_attn"]
+BUCKET_TOKENS = 128  # a capture size above max_num_seqs: vLLM's key is (128, min(128, 16))
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    from vllm.config import VllmConfig
+
+    model = vllm_real_batches.model_config(
+        vllm_real_batches.tiny_qwen3_next(), str(tmp_path_factory.mktemp("qwen3_next")), seed=0
+    )
+    scheduler = vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
+    speculative = vllm_real_batches.ngram_speculative(model)
+    return {
+        False: VllmConfig(model_config=model, scheduler_config=scheduler),
+        True: VllmConfig(
+            model_config=model,
+            scheduler_config=vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS),
+            speculative_config=speculative,
+        ),
+    }
+
+
+@pytest.fixture(autouse=True)
+def clean_install():
+    adapter.uninstall()
+    yield
+    adapter.uninstall()
+
+
+@pytest.fixture
+def full_cls(monkeypatch):
+    monkeypatch.setenv(full_graph.FULL_GRAPH_ENV, "1")
+    return adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
+
+
+def padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded):
+    """What vLLM's runner builds under FULL: trailing zero-length requests up to the key's request
+    count (their block is the null block 0, their seq_len 0), ``num_actual_tokens`` the bucket."""
+    pad = num_reqs_padded - len(query_lens)
+    query, context = list(query_lens) + [0] * pad, list(context_lens) + [0] * pad
+    m = vllm_real_batches.common_metadata(query, context, DEVICE)
+    m.block_table_tensor[len(query_lens) :] = mixed_step.NULL_BLOCK_ID
+    return m.replace(num_actual_tokens=num_tokens_padded, max_query_len=max(max(query), 1))
+
+
+def capture_metadata(tokens, reqs):
+    """vLLM's dummy capture batch: ``tokens`` spread over ``reqs`` requests, seq_len == query_len."""
+    per, extra = divmod(tokens, reqs)
+    query = [per + (i < extra) for i in range(reqs)]
+    m = vllm_real_batches.common_metadata(query, [0] * reqs, DEVICE)
+    return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool))
+
+
+def random_mixed(rng, reqs_max, tokens_max):
+    real = int(rng.integers(1, reqs_max + 1))
+    decodes = int(rng.integers(0, real))
+    prefills = real - decodes
+    budget = int(rng.integers(decodes + prefills, tokens_max + 1)) - decodes
+    sizes = rng.multinomial(budget - prefills, [1 / prefills] * prefills) + 1
+    query = [1] * decodes + [int(s) for s in sizes]
+    context = [int(rng.integers(1, 500)) for _ in range(decodes)]
+    context += [0 if rng.random() < 0.5 else int(rng.integers(1, 500)) for _ in sizes]
+    return query, context
+
+
+def test_off_by_default(configs, monkeypatch):
+    monkeypatch.delenv(full_graph.FULL_GRAPH_ENV, raising=False)
+    cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
+    assert not issubclass(cls, full_graph.FullGraphBuilderMixin)
+    assert cls.get_cudagraph_support(configs[False], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+
+
+def test_support_is_always_without_spec_decode(configs, full_cls):
+    assert issubclass(full_cls, full_graph.FullGraphBuilderMixin)
+    assert full_cls.get_cudagraph_support(configs[False], SPEC) == AttentionCGSupport.ALWAYS
+    # spec decode's multi-query path is not in the graph-safe forward: vLLM's own level
+    assert full_cls.get_cudagraph_support(configs[True], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+
+
+def test_capture_sizes_over_the_decode_limit_are_accepted(configs, full_cls):
+    stock = gdn_attn.GDNAttentionMetadataBuilder(SPEC, LAYERS, configs[False], DEVICE)
+    with pytest.raises(AssertionError, match="decode-only full CUDAGraph"):
+        stock.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    metadata = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+    bucket = metadata.chunkmeta_mixed
+    assert isinstance(bucket, mixed_step.MixedStepInputs)
+    assert (bucket.num_tokens, bucket.num_reqs) == (BUCKET_TOKENS, MAX_NUM_SEQS)
+    assert builder.chunkmeta_stats()["mixed_buckets"] == [(BUCKET_TOKENS, MAX_NUM_SEQS)]
+
+
+def _snapshot(bucket):
+    tensors = {
+        "cu_seqlens": bucket.cu_seqlens,
+        "chunk_indices": bucket.chunk_indices,
+        "chunk_offsets": bucket.chunk_offsets,
+        "state_indices": bucket.state_indices,
+        "has_initial_state": bucket.has_initial_state,
+        "batch_ptr": bucket.conv.batch_ptr,
+        "token_chunk_offset_ptr": bucket.conv.token_chunk_offset_ptr,
+    }
+    return {name: (t.shape, t.dtype, t.data_ptr()) for name, t in tensors.items()}, bucket.conv.nums_dict[8]["tot"]
+
+
+def test_steps_of_a_bucket_stage_fixed_tensors_with_the_stock_values(configs, full_cls):
+    from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    stock = gdn_attn.GDNAttentionMetadataBuilder(SPEC, LAYERS, configs[False], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    shapes = _snapshot(bucket)
+    rng = np.random.default_rng(7)
+    prefill_steps = 0
+    for _ in range(40):
+        query, context = random_mixed(rng, MAX_NUM_SEQS, BUCKET_TOKENS)
+        m = padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS)
+        got = builder.build(0, m)
+        want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
+        assert got.chunkmeta_mixed is bucket
+        assert _snapshot(bucket) == shapes  # what a captured graph reads: never moved, never resized
+        n = MAX_NUM_SEQS
+        qsl = m.query_start_loc_cpu
+        assert torch.equal(bucket.cu_seqlens, qsl)
+        # FLA's tables over every row, as vLLM's vendored helpers derive them, then tail rows
+        indices, offsets = prepare_chunk_indices(qsl, 64), prepare_chunk_offsets(qsl, 64)
+        rows = indices.shape[0]
+        assert torch.equal(bucket.chunk_indices[:rows], indices)
+        assert (bucket.chunk_indices[rows:] == torch.tensor([n, 0], dtype=torch.int32)).all()
+        assert torch.equal(bucket.chunk_offsets[: n + 1], offsets)
+        ref = reference.chunk_metadata(qsl.tolist(), 64)
+        assert [tuple(r) for r in bucket.chunk_indices[:rows].tolist()] == [tuple(r) for r in ref.chunk_indices]
+        # the stock builder's state indices (padded rows: the null block) and initial-state flags
+        assert torch.equal(bucket.state_indices, want.non_spec_state_indices_tensor)
+        assert not bucket.has_initial_state[len(query) :].any()
+        if want.num_prefills > 0:
+            prefill_steps += 1
+            assert torch.equal(bucket.has_initial_state, want.has_initial_state)
+            tot = want.nums_dict[8]["tot"]
+            assert torch.equal(bucket.conv.batch_ptr[:tot], want.batch_ptr[:tot])
+            assert torch.equal(bucket.conv.token_chunk_offset_ptr[:tot], want.token_chunk_offset_ptr[:tot])
+            assert (bucket.conv.batch_ptr[tot:] == -1).all()
+    assert prefill_steps > 30
+    assert builder.chunkmeta_stats()["mixed_fallbacks"] == {}
+
+
+def test_decode_only_steps_of_a_bucket_are_staged_too(configs, full_cls):
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    m = padded_metadata([1] * 5, [40, 41, 42, 43, 44], MAX_NUM_SEQS, BUCKET_TOKENS)
+    got = builder.build(0, m)
+    assert got.chunkmeta_mixed is bucket and got.num_prefills == 0  # vLLM's metadata is its own
+    assert bucket.has_initial_state.tolist() == [True] * 5 + [False] * (MAX_NUM_SEQS - 5)
+    assert bucket.chunk_indices[:5].tolist() == [[i, 0] for i in range(5)]
+
+
+def test_steps_of_no_bucket_keep_vllms_path(configs, full_cls):
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    plain = builder.build(0, vllm_real_batches.common_metadata([1, 70], [9, 0], DEVICE))
+    assert not hasattr(plain, "chunkmeta_mixed")  # nothing captured yet
+    builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+    over = padded_metadata([1, 300], [9, 0], MAX_NUM_SEQS, 512)  # over the bucket: eager, vLLM's
+    assert not hasattr(builder.build(0, over), "chunkmeta_mixed")
+    eager = vllm_real_batches.common_metadata([1, 70], [9, 0], DEVICE)  # an unpadded step
+    assert not hasattr(builder.build(0, eager), "chunkmeta_mixed")
+
+
+def test_a_failed_stage_keeps_vllms_path_with_one_warning(configs, full_cls, monkeypatch, caplog):
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+
+    def refuse(self, *args, **kwargs):
+        raise ChunkMetaError("refused for the test")
+
+    monkeypatch.setattr(mixed_step.MixedStepInputs, "stage", refuse)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        for _ in range(3):
+            got = builder.build(0, padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS))
+            assert not hasattr(got, "chunkmeta_mixed") and got.num_prefills == 1
+    warnings = [r for r in caplog.records if "mixed step stays on vLLM's path" in r.getMessage()]
+    assert len(warnings) == 1 and full_graph.FULL_GRAPH_ENV in warnings[0].getMessage()
+    assert list(builder.chunkmeta_stats()["mixed_fallbacks"].values()) == [3]
+
+
+def test_a_bucket_refuses_batches_over_it():
+    bucket = mixed_step.MixedStepInputs(64, 4, DEVICE)
+    before = bucket.state_indices.clone()
+    for qsl in ([0, 10, 20, 30, 40, 50], [0, 30, 65]):
+        qsl_t = torch.tensor(qsl, dtype=torch.int32)
+        n = len(qsl) - 1
+        with pytest.raises(ChunkMetaError, match="over this mixed-step bucket"):
+            bucket.stage(qsl_t, qsl_t, torch.ones(n, dtype=torch.int32), torch.ones(n, dtype=torch.bool))
+    assert torch.equal(bucket.state_indices, before) and bucket.staged is None
+
+
+def _stand_in_layer(tokens, heads=2, head_dim=8):
+    projection = heads * head_dim
+    return types.SimpleNamespace(
+        prefix="model.layers.0.linear_attn",
+        kv_cache=(torch.zeros(5, 3 * projection, 3), torch.zeros(5, heads, head_dim, head_dim)),
+        conv1d=types.SimpleNamespace(weight=torch.randn(3 * projection, 1, 4)),
+        local_projection_size=projection,
+        A_log=torch.zeros(heads),
+        dt_bias=torch.zeros(projection),
+        gate_lower_bound=None,
+        head_dim=head_dim,
+        o_norm=lambda x, g: x * 2,
+    )
+
+
+def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cls, monkeypatch):
+    from vllm.forward_context import override_forward_context
+
+    adapter.install()
+    module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)
+    layer_cls = getattr(module, full_graph.KIMI_LAYER)
+    forward = layer_cls.__dict__["_forward"]
+    assert forward.__wrapped__.__qualname__ == f"chunkmeta.{full_graph.KIMI_LAYER}._forward"
+    calls = []
+
+    def recorded(ops, inputs, **kwargs):
+        calls.append((inputs, kwargs))
+        return torch.ones(1, kwargs["mixed_qkv"].shape[0], 2, 8)
+
+    monkeypatch.setattr(full_graph, "kda_mixed_forward", recorded)
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    layer = _stand_in_layer(BUCKET_TOKENS)
+    args = dict(
+        mixed_qkv=torch.randn(BUCKET_TOKENS, 48),
+        g1=torch.randn(1, BUCKET_TOKENS, 2, 8),
+        g2=torch.randn(BUCKET_TOKENS, 2, 8),
+        beta=torch.randn(1, BUCKET_TOKENS, 2),
+        core_attn_out=torch.zeros(1, BUCKET_TOKENS, 2, 8),
+    )
+    metadata = builder.build(0, padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS))
+    with override_forward_context(types.SimpleNamespace(attn_metadata={layer.prefix: metadata})):
+        forward(layer, **args)
+    ((inputs, kwargs),) = calls
+    assert inputs is bucket and kwargs["mixed_qkv"].shape[0] == BUCKET_TOKENS and kwargs["lower_bound"] is None
+    assert torch.equal(args["core_attn_out"], torch.full_like(args["core_attn_out"], 2.0))  # o_norm(out)
+    # without a bucket on the metadata (here: no metadata for this layer) vLLM's own _forward runs
+    with override_forward_context(types.SimpleNamespace(attn_metadata={})):
+        assert forward(layer, **args) is None
+    assert len(calls) == 1

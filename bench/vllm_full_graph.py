@@ -159,45 +159,145 @@ def stage(inputs, m) -> None:
 # -- exact: one layer's linear-attention part, graph replays against vLLM's eager path ----------
 
 
-def run_exact(bench: Bench, requests: int, tokens: int, batches: int, seed: int) -> dict:
+class KdaCase:
+    """Kimi-Linear's KDA layer 0 of the bench: its inputs, vLLM's eager path, the graph-safe one."""
+
+    name = "kda"
+
+    def __init__(self, bench: Bench, tokens: int):
+        s, dev = bench.shape, bench.device
+        self.bench, self.w = bench, bench.engine.layers[0]
+        self.static = {
+            "mixed_qkv": torch.zeros(tokens, 3 * s.proj, dtype=s.dtype, device=dev),
+            "g1": torch.zeros(1, tokens, s.heads, s.head_dim, dtype=s.dtype, device=dev),
+            "beta": torch.zeros(1, tokens, s.heads, dtype=s.dtype, device=dev),
+        }
+        self.ref_cache, self.graph_cache = (bench.engine.caches[m][0] for m in ("vllm_piecewise", "chunkmeta_full"))
+
+    def batch(self, rng, requests, tokens):
+        return random_batch(rng, requests, tokens)
+
+    def eager(self, metadata):
+        x = self.static
+        return linear_attention_eager(self.bench, metadata, x["mixed_qkv"], x["g1"], x["beta"], self.w, self.ref_cache)
+
+    def mixed(self, inputs, cache):
+        x = self.static
+        return linear_attention_mixed(self.bench, inputs, x["mixed_qkv"], x["g1"], x["beta"], self.w, cache)
+
+
+class GdnCase:
+    """A Qwen3-Next GDN layer (its own random weights and states; heads as ``--heads``: HK = H / 2
+    key heads, HV = H value heads): vLLM's eager non-spec path with the stock builder's tables
+    (``_forward_core``: one conv, ``fused_post_conv_prep``, the chunked rule on the prefill
+    slice), against ``gdn_mixed_forward``. Prefill rows only: with decodes in the batch vLLM
+    peels them onto its recurrent kernel, other arithmetic than the chunked rule they take here
+    (docs/vllm.md)."""
+
+    name = "gdn"
+
+    def __init__(self, bench: Bench, tokens: int, blocks: int):
+        from vllm.third_party.flash_linear_attention.ops import fused_post_conv_prep
+        from vllm.third_party.flash_linear_attention.ops.chunk import chunk_gated_delta_rule
+
+        from chunkmeta.integrations.vllm.mixed_step import GdnOps
+
+        s, dev = bench.shape, bench.device
+        dtype = torch.bfloat16  # vLLM's chunked GDN rule takes no float32 (its assert), the smoke's dtype
+        self.bench = bench
+        self.hk, self.hv, self.d = max(1, s.heads // 2), s.heads, s.head_dim
+        conv_dim = (2 * self.hk + self.hv) * self.d
+        gen = torch.Generator(device=dev).manual_seed(1)
+        self.conv_weight = (torch.randn(conv_dim, 4, generator=gen, device=dev) / 2).to(dtype)
+        self.A_log = torch.log(torch.rand(self.hv, generator=gen, device=dev) * 15 + 1)
+        self.dt_bias = torch.randn(self.hv, generator=gen, device=dev) * 0.1
+        self.ops = GdnOps(bench.ops.causal_conv1d_fn, fused_post_conv_prep, chunk_gated_delta_rule)
+        self.static = {
+            "mixed_qkv": torch.zeros(tokens, conv_dim, dtype=dtype, device=dev),
+            "a": torch.zeros(tokens, self.hv, dtype=dtype, device=dev),
+            "b": torch.zeros(tokens, self.hv, dtype=dtype, device=dev),
+        }
+
+        def cache():
+            return (
+                torch.zeros(blocks, conv_dim, 3, dtype=dtype, device=dev),
+                torch.zeros(blocks, self.hv, self.d, self.d, dtype=torch.float32, device=dev),
+            )
+
+        self.ref_cache, self.graph_cache = cache(), cache()
+
+    def batch(self, rng, requests, tokens):
+        query, context = random_batch(rng, requests, tokens)
+        keep = [i for i, (q, c) in enumerate(zip(query, context, strict=True)) if not (q == 1 and c > 0)]
+        return [query[i] for i in keep], [context[i] for i in keep]  # no decode rows
+
+    def eager(self, m):
+        n, x = m.num_actual_tokens, self.static
+        conv_state, ssm_state = self.ref_cache
+        conv = self.ops.causal_conv1d_fn(
+            x["mixed_qkv"][:n].transpose(0, 1), self.conv_weight, None, activation="silu", conv_states=conv_state,
+            has_initial_state=m.has_initial_state, cache_indices=m.non_spec_state_indices_tensor,
+            query_start_loc=m.non_spec_query_start_loc, metadata=m,
+        ).transpose(0, 1)  # fmt: skip
+        q, k, v, g, beta = self.ops.fused_post_conv_prep(
+            conv_output=conv, a=x["a"][:n], b=x["b"][:n], A_log=self.A_log, dt_bias=self.dt_bias,
+            num_k_heads=self.hk, head_k_dim=self.d, head_v_dim=self.d, apply_l2norm=True, output_g_exp=False,
+        )  # fmt: skip
+        initial_state = ssm_state[m.prefill_state_indices]
+        initial_state[~m.prefill_has_initial_state, ...] = 0
+        out, last = self.ops.chunk_gated_delta_rule(
+            q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), g=g.unsqueeze(0), beta=beta.unsqueeze(0),
+            initial_state=initial_state, output_final_state=True, cu_seqlens=m.prefill_query_start_loc,
+            chunk_indices=m.chunk_indices, chunk_offsets=m.chunk_offsets, use_qk_l2norm_in_kernel=False,
+        )  # fmt: skip
+        ssm_state[m.prefill_state_indices] = last.to(ssm_state.dtype)
+        return out
+
+    def mixed(self, inputs, cache):
+        from chunkmeta.integrations.vllm.mixed_step import gdn_mixed_forward
+
+        x = self.static
+        return gdn_mixed_forward(
+            self.ops, inputs, mixed_qkv=x["mixed_qkv"], a=x["a"], b=x["b"], conv_weight=self.conv_weight,
+            conv_bias=None, activation="silu", conv_state=cache[0], ssm_state=cache[1], A_log=self.A_log,
+            dt_bias=self.dt_bias, num_k_heads=self.hk, head_k_dim=self.d, head_v_dim=self.d,
+        )  # fmt: skip
+
+
+def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed: int) -> dict:
+    """``batches`` random batches of at most ``requests`` rows and ``tokens`` tokens through vLLM's
+    eager path (exact shapes, the stock builder's metadata) and ``case.mixed`` on a bucket of
+    ``tokens`` x ``request_bucket(requests)`` (padded request rows in every batch): captured
+    once and replayed on CUDA (staging and replay under ``set_sync_debug_mode("error")``), run
+    eagerly on CPU. Compared bit for bit: every real token's output, every real block's states."""
     from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
 
-    s, dev, cuda = bench.shape, bench.device, bench.device.type == "cuda"
-    inputs = MixedStepInputs(tokens, request_bucket(requests), dev)  # padded request rows in every batch
+    dev, cuda = bench.device, bench.device.type == "cuda"
+    inputs = MixedStepInputs(tokens, request_bucket(requests), dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    static = {
-        "mixed_qkv": torch.zeros(tokens, 3 * s.proj, dtype=s.dtype, device=dev),
-        "g1": torch.zeros(1, tokens, s.heads, s.head_dim, dtype=s.dtype, device=dev),
-        "beta": torch.zeros(1, tokens, s.heads, dtype=s.dtype, device=dev),
-    }
-    w = bench.engine.layers[0]
-    ref_cache, graph_cache = bench.engine.caches["vllm_piecewise"][0], bench.engine.caches["chunkmeta_full"][0]
     rng = np.random.default_rng(seed)
     graph, out_static, capture_s, pool_bytes = None, None, None, None
     if cuda:  # capture on a first batch (warm-up outside: Triton compiles and tunes there)
-        query, context = random_batch(rng, requests, tokens)
-        stage(inputs, bench.engine.inputs.common_metadata(query, context))
-        scratch = tuple(torch.zeros_like(t) for t in graph_cache)
-        linear_attention_mixed(bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, scratch)
+        stage(inputs, bench.engine.inputs.common_metadata(*case.batch(rng, requests, tokens)))
+        case.mixed(inputs, tuple(torch.zeros_like(t) for t in case.graph_cache))
         torch.cuda.synchronize()
         graph, before = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved()
         start = time.perf_counter()
         with torch.cuda.graph(graph):
-            out_static = linear_attention_mixed(
-                bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, graph_cache
-            )
+            out_static = case.mixed(inputs, case.graph_cache)
         capture_s, pool_bytes = time.perf_counter() - start, torch.cuda.memory_reserved() - before
         torch.cuda.synchronize()
-        for t in graph_cache:
-            t.zero_()  # the capture ran nothing, but start both histories alike
-    mismatches, compared, tokens_compared = [], 0, 0
+    for t in (*case.ref_cache, *case.graph_cache):
+        t.zero_()  # both histories start alike
+    mismatches, tokens_compared = [], 0
+    router = bench.kda_ops.router
+    hits = router.hits
     for b in range(batches):
-        query, context = random_batch(rng, int(rng.integers(2, requests + 1)), tokens)
-        for t in static.values():
+        query, context = case.batch(rng, int(rng.integers(2, requests + 1)), tokens)
+        for t in case.static.values():
             t.copy_(torch.randn(t.shape, generator=gen, device=dev).to(t.dtype))
         m = bench.engine.inputs.common_metadata(query, context)
-        metadata = bench.builders["vllm_piecewise"].build(0, m)
-        ref = linear_attention_eager(bench, metadata, static["mixed_qkv"], static["g1"], static["beta"], w, ref_cache)
+        ref = case.eager(bench.builders["vllm_piecewise"].build(0, m))
         if cuda:
             torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
             try:
@@ -208,22 +308,23 @@ def run_exact(bench: Bench, requests: int, tokens: int, batches: int, seed: int)
             out = out_static
         else:
             stage(inputs, m)
-            out = linear_attention_mixed(
-                bench, inputs, static["mixed_qkv"], static["g1"], static["beta"], w, graph_cache
-            )
+            out = case.mixed(inputs, case.graph_cache)
         n = m.num_actual_tokens
         same_out = torch.equal(out[:, :n], ref)
-        same_states = all(torch.equal(x[1:], y[1:]) for x, y in zip(ref_cache, graph_cache, strict=True))
-        compared += 1
+        same_states = all(torch.equal(x[1:], y[1:]) for x, y in zip(case.ref_cache, case.graph_cache, strict=True))
         tokens_compared += n
         if not (same_out and same_states):
             mismatches.append(
                 {"batch": b, "query_lens": query, "context_lens": context, "output": same_out, "states": same_states}
             )
     return {
-        "requests": requests, "tokens": tokens, "batches": compared, "tokens_compared": tokens_compared,
-        "bit_identical": not mismatches, "mismatches": mismatches[:5], "captured": graph is not None,
-        "capture_s": capture_s, "graph_pool_bytes": pool_bytes,
+        "layer": case.name, "requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests),
+        "batches": batches, "tokens_compared": tokens_compared, "bit_identical": not mismatches,
+        "mismatches": mismatches[:5], "captured": graph is not None, "capture_s": capture_s,
+        # calls of the vendored prepare_chunk_* answered with the bucket's tables (eager runs only:
+        # a replay runs no Python); the stock path's own calls fall through uncounted
+        "router_hits_per_batch": (router.hits - hits) / batches,
+        "graph_pool_bytes": pool_bytes,
     }  # fmt: skip
 
 
@@ -401,12 +502,17 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, c
 
 def format_tables(figures: dict, device: str) -> str:
     lines = [f"# vLLM mixed step in one CUDA graph: {device}, {figures['model']}", "", "## exact", ""]
-    e = figures["exact"]
-    lines.append(
-        f"{e['batches']} random mixed batches ({e['requests']} requests, {e['tokens']} tokens bucket), "
-        f"{'captured once, replayed' if e['captured'] else 'eager (no CUDA)'}: bit-identical to vLLM's eager path: "
-        f"{'yes' if e['bit_identical'] else 'NO'} ({e['tokens_compared']} tokens compared)"
-    )
+    for e in figures["exact"]:
+        if "error" in e:
+            lines.append(f"{e['layer']}: failed: {e['error'].splitlines()[0][:160]}")
+            continue
+        how = "captured once, replayed" if e["captured"] else "eager (no CUDA)"
+        same = "yes" if e["bit_identical"] else "NO"
+        lines.append(
+            f"{e['layer']}: {e['batches']} random batches (up to {e['requests']} requests, {e['tokens']} tokens; "
+            f"bucket {e['request_bucket']} x {e['tokens']}), {how}: bit-identical to vLLM's eager path: {same} "
+            f"({e['tokens_compared']} tokens)"
+        )
     lines += [
         "",
         "## steps",
@@ -478,8 +584,13 @@ def main(argv: list[str]) -> int:
     bench = Bench(shape, builders, loop.Ops(device), max_reqs, max_tokens, device, METHODS)
     figures = {"model": shape.describe(), "smoke": args.smoke, "steps_per_shape": args.steps}
     requests, tokens = shapes[0]
-    figures["exact"] = run_exact(bench, requests, tokens, args.exact_batches, args.seed)
-    print(f"[{time.monotonic() - started:6.1f} s] exact: {figures['exact']['bit_identical']}", flush=True)
+    figures["exact"] = []
+    for case in (KdaCase(bench, tokens), GdnCase(bench, tokens, max_reqs + 1)):
+        try:
+            figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed))
+        except Exception as exc:  # noqa: BLE001  (the other layer and the steps go on)
+            figures["exact"].append({"layer": case.name, "error": loop._error(exc), "bit_identical": False})
+        print(f"[{time.monotonic() - started:6.1f} s] exact {case.name}: {figures['exact'][-1]['bit_identical']}")
     figures["steps"] = []
     for requests, tokens in shapes:
         try:
@@ -490,7 +601,7 @@ def main(argv: list[str]) -> int:
     figures["seconds"] = round(time.monotonic() - started, 1)
     record = runs.save("vllm_full_graph", figures, script="bench/vllm_full_graph.py", argv=argv, out=args.out)
     print(format_tables(figures, record["device"].get("gpu", "cpu")))
-    ok = figures["exact"]["bit_identical"] and all(r.get("states_equal") for r in figures["steps"])
+    ok = all(e["bit_identical"] for e in figures["exact"]) and all(r.get("states_equal") for r in figures["steps"])
     return 0 if ok else 1
 
 

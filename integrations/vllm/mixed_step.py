@@ -222,3 +222,82 @@ def kda_mixed_forward(
         )
     recurrent_state[inputs.state_indices] = last_state
     return out
+
+
+class GdnOps(NamedTuple):
+    """vLLM's functions Qwen3-Next / Qwen3.5's non-spec prefill path calls, FLA-triton backend."""
+
+    causal_conv1d_fn: object
+    fused_post_conv_prep: object
+    chunk_gated_delta_rule: object  # vllm.third_party.flash_linear_attention.ops.chunk_gated_delta_rule
+
+
+def gdn_mixed_forward(
+    ops: GdnOps,
+    inputs: MixedStepInputs,
+    *,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias,
+    activation: str,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+) -> torch.Tensor:
+    """Qwen3-Next's GDN over a mixed batch (``_forward_core``'s non-spec path with prefills,
+    qwen_gdn_linear_attn.py:1663-1872), shapes fixed by ``inputs``' bucket: one packed
+    ``causal_conv1d_fn``, ``fused_post_conv_prep``, the chunked rule with the bucket's tables.
+    Decodes are not peeled off onto the recurrent kernel (a host count would size that split):
+    they are one-token sequences of the chunked rule. Returns ``[1, num_tokens, HV, V]``."""
+    num_tokens = mixed_qkv.shape[0]
+    if num_tokens != inputs.num_tokens:
+        raise ChunkMetaError(f"{num_tokens} tokens in a mixed-step bucket of {inputs.num_tokens}: pad to the bucket.")
+    conv_out = ops.causal_conv1d_fn(
+        mixed_qkv.transpose(0, 1),
+        conv_weight,
+        conv_bias,
+        activation=activation,
+        conv_states=conv_state,
+        has_initial_state=inputs.has_initial_state,
+        cache_indices=inputs.state_indices,
+        query_start_loc=inputs.cu_seqlens,
+        metadata=inputs.conv,
+    ).transpose(0, 1)
+    q, k, v, g, beta = ops.fused_post_conv_prep(
+        conv_output=conv_out,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        num_k_heads=num_k_heads,
+        head_k_dim=head_k_dim,
+        head_v_dim=head_v_dim,
+        apply_l2norm=True,
+        output_g_exp=False,
+    )
+    initial_state = ssm_state[inputs.state_indices]
+    # vLLM zeroes rows without a prior state with a boolean-mask assignment; where() gives the
+    # same values with no mask-to-index conversion
+    keep = inputs.has_initial_state.view(-1, *([1] * (initial_state.dim() - 1)))
+    initial_state = torch.where(keep, initial_state, torch.zeros((), dtype=initial_state.dtype, device=keep.device))
+    out, last_state = ops.chunk_gated_delta_rule(
+        q=q.unsqueeze(0),
+        k=k.unsqueeze(0),
+        v=v.unsqueeze(0),
+        g=g.unsqueeze(0),
+        beta=beta.unsqueeze(0),
+        initial_state=initial_state,
+        output_final_state=True,
+        cu_seqlens=inputs.cu_seqlens,
+        chunk_indices=inputs.chunk_indices,
+        chunk_offsets=inputs.chunk_offsets,
+        use_qk_l2norm_in_kernel=False,
+    )
+    ssm_state[inputs.state_indices] = last_state.to(ssm_state.dtype)
+    return out

@@ -1,24 +1,26 @@
 """Opt-in (``CHUNKMETA_VLLM_FULL_GRAPH=1``, with ``CHUNKMETA_VLLM=1``): vLLM captures mixed
-prefill+decode steps of Kimi-Linear's KDA layers in FULL CUDA graphs.
+prefill+decode steps of Kimi-Linear's KDA and Qwen3-Next / Qwen3.5's GDN layers in FULL CUDA
+graphs.
 
 * ``FullGraphBuilderMixin`` goes in front of a GDN-family chunkmeta builder:
-  ``get_cudagraph_support`` says ``ALWAYS`` (vLLM keeps a user's ``cudagraph_mode=FULL`` only if
-  every KV-cache group's builder does: config/compilation.py:1394-1419);
+  ``get_cudagraph_support`` says ``ALWAYS`` for a model whose layers are patched here
+  (``graph_unsafe``: Kimi-Linear; Qwen3-Next / Qwen3.5 with the FLA-triton prefill backend; no
+  speculative decoding), vLLM's own level otherwise (vLLM keeps a user's ``cudagraph_mode=FULL``
+  only if every KV-cache group's builder says ``ALWAYS``: config/compilation.py:1394-1419);
   ``build_for_cudagraph_capture`` makes one ``MixedStepInputs`` bucket per captured batch shape
   ``(num_actual_tokens, num_reqs)`` (vLLM's FULL keys pad both: gpu_model_runner.py:4047, 4107)
   without the stock decode-size assert (gdn_attn.py:799-808); ``build`` stages every batch of a
   bucket's shape into it (one fill launch, the runner's values copied in) and hands it to the
   layers as ``metadata.chunkmeta_mixed``.
-* ``kimi_forward(original)``: ``KimiGatedDeltaNetAttention._forward`` taking the graph-safe
-  non-spec path (``mixed_step.kda_mixed_forward``) whenever its metadata carries a bucket, the
-  decode-only steps of a bucket too (under FULL they replay the same graph); anything else is
-  vLLM's own ``_forward``.
+* ``kimi_forward`` / ``qwen_forward_core``: ``KimiGatedDeltaNetAttention._forward`` and
+  ``QwenGatedDeltaNetAttention._forward_core`` taking the graph-safe non-spec path
+  (``mixed_step``) whenever their metadata carries a bucket, the decode-only steps of a bucket too
+  (under FULL they replay the same graph); anything else is vLLM's own method.
 
 Steps that are not a bucket's shape (larger than every capture size, or eager runs) keep vLLM's
-path. Speculative decoding keeps vLLM's support level and path (its multi-query decode is not in
-the graph-safe forward). The GEMMs, norms and the other groups' attention are vLLM's to capture:
-the whole model needs every group ALWAYS (Kimi-Linear's MLA: FlashInfer-MLA is, FlashMLA and
-Triton-MLA are not: docs/vllm.md).
+path. The GEMMs, norms and the other groups' attention are vLLM's to capture: the whole model
+needs every group ``ALWAYS`` (Kimi-Linear's MLA: FlashInfer-MLA is, FlashMLA and Triton-MLA are
+not: docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -28,15 +30,58 @@ import functools
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
-from chunkmeta.integrations.vllm.mixed_step import KdaOps, MixedStepInputs, kda_mixed_forward
+from chunkmeta.integrations.vllm.mixed_step import (
+    GdnOps,
+    KdaOps,
+    MixedStepInputs,
+    gdn_mixed_forward,
+    kda_mixed_forward,
+)
 
 FULL_GRAPH_ENV = "CHUNKMETA_VLLM_FULL_GRAPH"
 KIMI_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 KIMI_LAYER = "KimiGatedDeltaNetAttention"
+QWEN_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+QWEN_LAYER = "QwenGatedDeltaNetAttention"
+# The models whose linear-attention layers this module patches (vLLM's architecture names). A
+# GDN-family builder of any other model (Kimi-K3, GLM5-next, OLMo-Hybrid, Bailing-V3) keeps
+# vLLM's support level: its unpatched layers branch on host counts, which a capture would freeze.
+KIMI_ARCHITECTURES = frozenset({"KimiLinearForCausalLM"})
+QWEN_ARCHITECTURES = frozenset(
+    {
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+)
+FLA_TRITON = "triton"  # the one GDN prefill backend gdn_mixed_forward runs (vLLM's active backend name)
 
 
 def opted_in(environ=None) -> bool:
     return plugin.opt_in(FULL_GRAPH_ENV, logger, environ=environ) is not None
+
+
+def graph_unsafe(vllm_config) -> str | None:
+    """Why a model's mixed steps cannot be captured with this module's layers, or None."""
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return "speculative decoding (its multi-query path is not in the graph-safe forward)"
+    model = getattr(vllm_config, "model_config", None)
+    architectures = set(getattr(model, "architectures", None) or ())
+    if architectures & KIMI_ARCHITECTURES:
+        return None
+    if architectures & QWEN_ARCHITECTURES:
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import _resolve_gdn_prefill_backend
+
+        backend = _resolve_gdn_prefill_backend(vllm_config)[1]
+        if backend != FLA_TRITON:
+            return (
+                f"GDN prefill backend {backend!r}: only FLA-triton's is graph-safe here "
+                "(additional_config={'gdn_prefill_backend': 'triton'})"
+            )
+        return None
+    return f"architectures {sorted(architectures)}: no graph-safe layer for them"
 
 
 class FullGraphBuilderMixin:
@@ -46,18 +91,23 @@ class FullGraphBuilderMixin:
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
         from vllm.v1.attention.backend import AttentionCGSupport
 
-        if getattr(vllm_config, "speculative_config", None) is not None:
+        if graph_unsafe(vllm_config) is not None:
             return super().get_cudagraph_support(vllm_config, kv_cache_spec)
         return AttentionCGSupport.ALWAYS
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs)
         self.chunkmeta_buckets: dict[tuple[int, int], MixedStepInputs] = {}
         self.chunkmeta_mixed_steps = 0  # steps staged into a bucket (captures and warm-ups included)
         self.chunkmeta_mixed_fallbacks: dict[str, int] = {}
+        self._chunkmeta_unsafe = graph_unsafe(vllm_config)
+        if self._chunkmeta_unsafe is not None and self.chunkmeta is not None:
+            logger.warning(
+                "chunkmeta: %s=1 but mixed steps stay on vLLM's path: %s", FULL_GRAPH_ENV, self._chunkmeta_unsafe
+            )
 
     def _mixed_active(self) -> bool:
-        return self.chunkmeta is not None and not getattr(self, "use_spec_decode", False)
+        return self.chunkmeta is not None and self._chunkmeta_unsafe is None
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
         m = common_attn_metadata
@@ -184,16 +234,77 @@ def kimi_forward(original):
     return eager_break_during_capture(_forward)
 
 
-def kimi_layer_wiring(patches):
-    """What to do when vLLM imports Kimi-Linear's layer module: ``KimiGatedDeltaNetAttention._forward``
-    becomes ``kimi_forward`` over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+def _qwen_ops() -> GdnOps:
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+    from vllm.third_party.flash_linear_attention.ops import fused_post_conv_prep
+    from vllm.third_party.flash_linear_attention.ops.chunk import chunk_gated_delta_rule
 
+    return GdnOps(causal_conv1d_fn, fused_post_conv_prep, chunk_gated_delta_rule)
+
+
+def qwen_forward_core(original):
+    """``QwenGatedDeltaNetAttention._forward_core`` with the graph-safe mixed path (FLA-triton
+    prefill backend only, as ``graph_unsafe`` requires); ``original`` is vLLM's, called for
+    everything else. It runs inside vLLM's ``qwen_gdn_attention_core`` op, a splitting op of
+    piecewise graphs."""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    ops = []
+
+    @functools.wraps(original)
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        metadata = get_forward_context().attn_metadata
+        m = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+        bucket = getattr(m, "chunkmeta_mixed", None)
+        backend = getattr(self.chunk_gated_delta_rule, "gdn_prefill_backend", None)
+        if bucket is None or m.spec_sequence_masks is not None or backend != FLA_TRITON:
+            return original(self, mixed_qkv, b, a, core_attn_out)
+        if not ops:
+            ops.append(_qwen_ops())
+        conv_state, ssm_state = self.kv_cache
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        tokens = m.num_actual_tokens
+        out = gdn_mixed_forward(
+            ops[0],
+            bucket,
+            mixed_qkv=mixed_qkv[:tokens],
+            a=a[:tokens],
+            b=b[:tokens],
+            conv_weight=self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2)),
+            conv_bias=self.conv1d.bias,
+            activation=self.activation,
+            conv_state=conv_state,
+            ssm_state=ssm_state,
+            A_log=self.A_log,
+            dt_bias=self.dt_bias,
+            num_k_heads=self.num_k_heads // self.tp_size,
+            head_k_dim=self.head_k_dim,
+            head_v_dim=self.head_v_dim,
+        )
+        core_attn_out[:tokens] = out.squeeze(0)
+
+    _forward_core.__qualname__ = f"chunkmeta.{QWEN_LAYER}._forward_core"
+    return _forward_core
+
+
+def _layer_wiring(patches, layer_name: str, method: str, make):
     def wire(module):
-        layer = getattr(module, KIMI_LAYER, None)
-        if not isinstance(layer, type) or not callable(layer.__dict__.get("_forward")):
-            raise ChunkMetaError(f"{module.__name__} has no {KIMI_LAYER}._forward")
-        if patches.current(layer, "_forward") is None:
-            patches.apply(layer, "_forward", kimi_forward(layer.__dict__["_forward"]))
-        logger.info("chunkmeta: %s._forward takes the graph-safe mixed path on captured buckets", KIMI_LAYER)
+        layer = getattr(module, layer_name, None)
+        if not isinstance(layer, type) or not callable(layer.__dict__.get(method)):
+            raise ChunkMetaError(f"{module.__name__} has no {layer_name}.{method}")
+        if patches.current(layer, method) is None:
+            patches.apply(layer, method, make(layer.__dict__[method]))
+        logger.info("chunkmeta: %s.%s takes the graph-safe mixed path on captured buckets", layer_name, method)
 
     return wire
+
+
+def layer_wiring(patches) -> dict:
+    """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward`` and Qwen's
+    ``_forward_core`` patched over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    return {
+        KIMI_LAYER_MODULE: _layer_wiring(patches, KIMI_LAYER, "_forward", kimi_forward),
+        QWEN_LAYER_MODULE: _layer_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core),
+    }

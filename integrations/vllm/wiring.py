@@ -131,7 +131,8 @@ def _module_wiring(version: str, modules: VllmModules) -> dict:
     from chunkmeta.integrations.vllm import full_graph
 
     if full_graph.opted_in():
-        jobs.setdefault(full_graph.KIMI_LAYER_MODULE, []).append(full_graph.kimi_layer_wiring(_PATCHES))
+        for name, wire in full_graph.layer_wiring(_PATCHES).items():
+            jobs.setdefault(name, []).append(wire)
 
     def wiring(steps):
         def wire(module):

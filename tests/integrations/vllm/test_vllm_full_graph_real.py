@@ -52,18 +52,20 @@ BUCKET_TOKENS = 128  # a capture size above max_num_seqs: vLLM's key is (128, mi
 def configs(tmp_path_factory):
     from vllm.config import VllmConfig
 
-    model = vllm_real_batches.model_config(
-        vllm_real_batches.tiny_qwen3_next(), str(tmp_path_factory.mktemp("qwen3_next")), seed=0
-    )
-    scheduler = vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
-    speculative = vllm_real_batches.ngram_speculative(model)
+    def model(architecture):
+        hf_config = vllm_real_batches.tiny_qwen3_next()
+        hf_config.architectures = [architecture]  # what a checkpoint's config.json names
+        return vllm_real_batches.model_config(hf_config, str(tmp_path_factory.mktemp(architecture)), seed=0)
+
+    def config(model, **kwargs):
+        scheduler = vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
+        return VllmConfig(model_config=model, scheduler_config=scheduler, **kwargs)
+
+    qwen = model("Qwen3NextForCausalLM")
     return {
-        False: VllmConfig(model_config=model, scheduler_config=scheduler),
-        True: VllmConfig(
-            model_config=model,
-            scheduler_config=vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS),
-            speculative_config=speculative,
-        ),
+        False: config(qwen),
+        True: config(qwen, speculative_config=vllm_real_batches.ngram_speculative(qwen)),
+        "other": config(model("Qwen3NextModel")),  # a GDN-family model whose layers are not patched
     }
 
 
@@ -117,11 +119,32 @@ def test_off_by_default(configs, monkeypatch):
     assert cls.get_cudagraph_support(configs[False], SPEC) == AttentionCGSupport.UNIFORM_BATCH
 
 
-def test_support_is_always_without_spec_decode(configs, full_cls):
+def test_support_is_always_for_patched_layers_only(configs, full_cls, caplog):
     assert issubclass(full_cls, full_graph.FullGraphBuilderMixin)
     assert full_cls.get_cudagraph_support(configs[False], SPEC) == AttentionCGSupport.ALWAYS
-    # spec decode's multi-query path is not in the graph-safe forward: vLLM's own level
-    assert full_cls.get_cudagraph_support(configs[True], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+    # spec decode's multi-query path is not in the graph-safe forward; a model whose layers are
+    # not patched would have its host branches frozen by a capture: vLLM's own level for both
+    for other in (True, "other"):
+        assert full_cls.get_cudagraph_support(configs[other], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+        with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+            builder = full_cls(SPEC, LAYERS, configs[other], DEVICE)
+        assert any("mixed steps stay on vLLM's path" in r.getMessage() for r in caplog.records)
+        if other == "other":  # (spec decode: vLLM's own capture builder asserts decode sizes)
+            capture = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS))
+            assert not hasattr(capture, "chunkmeta_mixed") and builder.chunkmeta_buckets == {}
+
+
+def test_which_models_are_graph_safe(configs, monkeypatch):
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
+
+    def config(architecture):
+        return types.SimpleNamespace(model_config=types.SimpleNamespace(architectures=[architecture]))
+
+    assert full_graph.graph_unsafe(config("KimiLinearForCausalLM")) is None
+    assert "no graph-safe layer" in full_graph.graph_unsafe(config("KimiK3ForCausalLM"))
+    assert full_graph.graph_unsafe(configs[False]) is None  # Qwen3-Next, FLA-triton on this platform
+    monkeypatch.setattr(qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda c: ("auto", "flashinfer"))
+    assert "'flashinfer'" in full_graph.graph_unsafe(configs[False])
 
 
 def test_capture_sizes_over_the_decode_limit_are_accepted(configs, full_cls):
@@ -288,4 +311,49 @@ def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cl
     # without a bucket on the metadata (here: no metadata for this layer) vLLM's own _forward runs
     with override_forward_context(types.SimpleNamespace(attn_metadata={})):
         assert forward(layer, **args) is None
+    assert len(calls) == 1
+
+
+def test_qwen_layer_takes_the_graph_safe_path_with_fla_triton_only(configs, full_cls, monkeypatch):
+    from vllm.forward_context import override_forward_context
+
+    adapter.install()
+    module = importlib.import_module(full_graph.QWEN_LAYER_MODULE)
+    forward_core = getattr(module, full_graph.QWEN_LAYER).__dict__["_forward_core"]
+    assert forward_core.__qualname__ == f"chunkmeta.{full_graph.QWEN_LAYER}._forward_core"
+    calls = []
+
+    def recorded(ops, inputs, **kwargs):
+        calls.append((inputs, kwargs))
+        return torch.ones(1, kwargs["mixed_qkv"].shape[0], 4, 8)
+
+    monkeypatch.setattr(full_graph, "gdn_mixed_forward", recorded)
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    layer = types.SimpleNamespace(
+        prefix="model.layers.0.linear_attn",
+        kv_cache=(torch.zeros(5, 64, 3), torch.zeros(5, 4, 8, 8)),
+        conv1d=types.SimpleNamespace(weight=torch.randn(64, 1, 4), bias=None),
+        activation="silu",
+        chunk_gated_delta_rule=types.SimpleNamespace(gdn_prefill_backend="triton"),
+        A_log=torch.zeros(4),
+        dt_bias=torch.zeros(4),
+        num_k_heads=4,
+        tp_size=2,
+        head_k_dim=8,
+        head_v_dim=8,
+    )
+    out = torch.zeros(BUCKET_TOKENS, 4, 8)
+    args = (torch.randn(BUCKET_TOKENS, 64), torch.randn(BUCKET_TOKENS, 4), torch.randn(BUCKET_TOKENS, 4), out)
+    metadata = builder.build(0, padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS))
+    with override_forward_context(types.SimpleNamespace(attn_metadata={layer.prefix: metadata})):
+        forward_core(layer, *args)
+        (inputs, kwargs) = calls[0]
+        assert inputs is bucket and kwargs["num_k_heads"] == 2 and kwargs["mixed_qkv"].shape[0] == BUCKET_TOKENS
+        assert torch.equal(out, torch.ones_like(out))
+        # another prefill backend: vLLM's own _forward_core (here it stops at its first host
+        # branch on these stand-ins), never the graph-safe path
+        layer.chunk_gated_delta_rule.gdn_prefill_backend = "flashinfer"
+        with pytest.raises(AttributeError):
+            forward_core(layer, *args)
     assert len(calls) == 1

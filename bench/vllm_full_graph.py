@@ -291,7 +291,7 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
         t.zero_()  # both histories start alike
     mismatches, tokens_compared = [], 0
     router = bench.kda_ops.router
-    hits = router.hits
+    hits, misses = router.hits, router.misses
     for b in range(batches):
         query, context = case.batch(rng, int(rng.integers(2, requests + 1)), tokens)
         for t in case.static.values():
@@ -324,6 +324,9 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
         # calls of the vendored prepare_chunk_* answered with the bucket's tables (eager runs only:
         # a replay runs no Python); the stock path's own calls fall through uncounted
         "router_hits_per_batch": (router.hits - hits) / batches,
+        # calls with the bucket's cu_seqlens at a chunk size it has no table for: FLA derives
+        # that one itself, with its sync (a capture fails there)
+        "router_misses": router.misses - misses,
         "graph_pool_bytes": pool_bytes,
     }  # fmt: skip
 

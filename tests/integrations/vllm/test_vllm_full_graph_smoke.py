@@ -26,6 +26,7 @@ def test_graph_safe_forward_equals_vllms_eager_path(tmp_path):
         assert exact["layer"] == layer and exact["bit_identical"], exact
         assert exact["batches"] == 6 and exact["tokens_compared"] > 6
     assert kda["router_hits_per_batch"] >= 2  # Kimi's op took the bucket's tables, not its own derivation
+    assert kda["router_misses"] == 0  # and asked for no table at another chunk size
     assert gdn["router_hits_per_batch"] == 0  # the GDN rule is handed its tables
     (row,) = record["figures"]["steps"]
     assert row["last_output_equal"] and row["states_equal"] and row["finite_output"], row

@@ -152,7 +152,7 @@ def stage(inputs, m) -> None:
         m.query_start_loc,
         m.query_start_loc_cpu,
         m.block_table_tensor[:, 0],
-        m.compute_num_computed_tokens() > 0,
+        m.compute_num_computed_tokens(),
     )
 
 

@@ -100,6 +100,7 @@ class FullGraphBuilderMixin:
         self.chunkmeta_buckets: dict[tuple[int, int], MixedStepInputs] = {}
         self.chunkmeta_mixed_steps = 0  # steps staged into a bucket (captures and warm-ups included)
         self.chunkmeta_mixed_fallbacks: dict[str, int] = {}
+        self._chunkmeta_pending = None  # (bucket, common metadata) of the step build() is making
         self._chunkmeta_unsafe = graph_unsafe(vllm_config)
         if self._chunkmeta_unsafe is not None and self.chunkmeta is not None:
             logger.warning(
@@ -130,28 +131,45 @@ class FullGraphBuilderMixin:
         num_decode_draft_tokens_cpu=None,
         fast_build=False,
     ):
-        metadata = super().build(
-            common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build
-        )
-        if not self.chunkmeta_buckets:  # nothing captured: one dict read per step
-            return metadata
+        args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
         m = common_attn_metadata
-        bucket = self.chunkmeta_buckets.get((m.num_actual_tokens, m.num_reqs))
-        if bucket is None or getattr(metadata, "spec_sequence_masks", None) is not None:
-            return metadata
+        bucket = self.chunkmeta_buckets.get((m.num_actual_tokens, m.num_reqs)) if self.chunkmeta_buckets else None
+        if bucket is None:  # nothing captured, or not a captured shape: one dict read per step
+            return super().build(*args)
+        self._chunkmeta_pending = (bucket, m)
+        try:
+            metadata = super().build(*args)
+        finally:
+            pending, self._chunkmeta_pending = self._chunkmeta_pending, None
+        if pending is not None and getattr(metadata, "spec_sequence_masks", None) is None:
+            self._stage(bucket, m, metadata)  # a step no chunkmeta build served: decode-only
+        return metadata
+
+    def _chunkmeta_serve(self, metadata, request) -> None:
+        # A step of a bucket's shape: the patched layers read the bucket, not the eager tables
+        # (a graph-safe model's GDN layers are all patched: graph_unsafe), so the bucket's fill
+        # is the step's one launch; vLLM's own host tables were skipped by the recording points.
+        pending, self._chunkmeta_pending = self._chunkmeta_pending, None
+        if pending is None or getattr(metadata, "spec_sequence_masks", None) is not None:
+            return super()._chunkmeta_serve(metadata, request)
+        if not self._stage(*pending, metadata):
+            super()._chunkmeta_serve(metadata, request)  # vLLM's path reads the eager tables
+        return None
+
+    def _stage(self, bucket: MixedStepInputs, m, metadata) -> bool:
         try:
             bucket.stage(
                 m.query_start_loc,
                 m.query_start_loc_cpu,
                 metadata.non_spec_state_indices_tensor[: m.num_reqs],
-                m.compute_num_computed_tokens() > 0,
+                m.compute_num_computed_tokens(),
             )
         except Exception as exc:  # noqa: BLE001  vLLM's eager path for this step
             self._mixed_fall_back(exc)
-            return metadata
+            return False
         self.chunkmeta_mixed_steps += 1
         metadata.chunkmeta_mixed = bucket
-        return metadata
+        return True
 
     def _mixed_fall_back(self, exc: Exception) -> None:
         cause = f"{type(exc).__name__}: {exc}"

@@ -116,12 +116,15 @@ class MixedStepInputs:
         query_start_loc: torch.Tensor,
         query_start_loc_cpu: torch.Tensor,
         state_indices: torch.Tensor,
-        has_initial_state: torch.Tensor,
+        num_computed_tokens: torch.Tensor,
     ):
         """Write one step's values before a replay (outside the graph), on the current stream:
         every check on host data first (a ``ChunkMetaError``, nothing written), then one fill of
-        the tables from the engine's ``query_start_loc`` and two copies. No sync, and nothing the
-        graph reads is allocated or moved."""
+        the tables from the engine's ``query_start_loc``, the state indices copied in and
+        ``has_initial_state = num_computed_tokens > 0`` (vLLM's rule, gdn_attn.py:560) written
+        in place; the padded rows' entries only where the batch has fewer requests than the
+        bucket (vLLM's FULL padding fills the bucket: none then). No sync, and nothing the graph
+        reads is allocated or moved."""
         num_reqs = query_start_loc_cpu.shape[0] - 1
         num_tokens = int(query_start_loc_cpu[-1])
         if not self.fits(num_reqs, num_tokens):
@@ -129,14 +132,18 @@ class MixedStepInputs:
                 f"a batch of {num_reqs} requests / {num_tokens} tokens is over this mixed-step bucket "
                 f"({self.num_reqs} requests, {self.num_tokens} tokens): it runs eagerly."
             )
-        for name, tensor in (("state_indices", state_indices), ("has_initial_state", has_initial_state)):
-            if tensor.shape[0] != num_reqs:
-                raise ChunkMetaError(f"{name} has {tensor.shape[0]} entries for {num_reqs} requests.")
+        for name, tensor in (("state_indices", state_indices), ("num_computed_tokens", num_computed_tokens)):
+            if tensor.dim() != 1 or tensor.shape[0] != num_reqs or tensor.device != self.device:
+                raise ChunkMetaError(
+                    f"{name}: a 1-D tensor of {num_reqs} entries on {self.device} (one per request), "
+                    f"not {tuple(tensor.shape)} on {tensor.device}."
+                )
         self.staged = self.builder.build(query_start_loc, query_start_loc_cpu, padded=True)  # checks, then the fill
         self.state_indices[:num_reqs].copy_(state_indices, non_blocking=True)
-        self.state_indices[num_reqs:].fill_(NULL_BLOCK_ID)
-        self.has_initial_state[:num_reqs].copy_(has_initial_state, non_blocking=True)
-        self.has_initial_state[num_reqs:].fill_(False)
+        torch.gt(num_computed_tokens, 0, out=self.has_initial_state[:num_reqs])
+        if num_reqs < self.num_reqs:
+            self.state_indices[num_reqs:].fill_(NULL_BLOCK_ID)
+            self.has_initial_state[num_reqs:].fill_(False)
         return self.staged
 
     @contextlib.contextmanager

@@ -95,6 +95,16 @@ def _wire_kimi(backend_name: str, gdn_builder, *, conv: bool):
     return wire
 
 
+def _wire_layers(add) -> None:
+    """With ``CHUNKMETA_VLLM_FULL_GRAPH`` on, ``add(module name, wire)`` for each linear-attention
+    layer module whose mixed-step forward ``full_graph`` patches."""
+    from chunkmeta.integrations.vllm import full_graph
+
+    if full_graph.opted_in():
+        for name, wire in full_graph.layer_wiring(_PATCHES).items():
+            add(name, wire)
+
+
 def _module_wiring(version: str, modules: VllmModules) -> dict:
     """Module name -> what to do once it is imported: every patch of that module, in one call
     (one import hook per module; a module that fails its check keeps vLLM's own path)."""
@@ -128,11 +138,7 @@ def _module_wiring(version: str, modules: VllmModules) -> dict:
     if modules.kimi_nvidia is not None:
         jobs.setdefault(modules.kimi_nvidia, []).append(_wire_kimi(KIMI_NVIDIA_BACKEND, gdn_builder, conv=True))
 
-    from chunkmeta.integrations.vllm import full_graph
-
-    if full_graph.opted_in():
-        for name, wire in full_graph.layer_wiring(_PATCHES).items():
-            jobs.setdefault(name, []).append(wire)
+    _wire_layers(lambda name, wire: jobs.setdefault(name, []).append(wire))
 
     def wiring(steps):
         def wire(module):
@@ -184,6 +190,7 @@ def install(
             _PATCHES.when_imported(api.kimi_rocm_module, _wire_kimi(KIMI_ROCM_BACKEND, api.gdn_builder, conv=False))
         if api.kimi_nvidia_module is not None:
             _PATCHES.when_imported(api.kimi_nvidia_module, _wire_kimi(KIMI_NVIDIA_BACKEND, api.gdn_builder, conv=True))
+        _wire_layers(lambda name, wire: _PATCHES.when_imported(name, wire))
     return builders
 
 

@@ -78,7 +78,10 @@ def clean_install():
 
 @pytest.fixture
 def full_cls(monkeypatch):
+    """The chunkmeta GDN builder with the opt-in set, wired as the plugin wires it (the conv
+    stand-in in ``gdn_attn``, the layer patches when their modules are imported)."""
     monkeypatch.setenv(full_graph.FULL_GRAPH_ENV, "1")
+    adapter.install(adapter.load_vllm_api())
     return adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
 
 
@@ -117,6 +120,13 @@ def test_off_by_default(configs, monkeypatch):
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
     assert not issubclass(cls, full_graph.FullGraphBuilderMixin)
     assert cls.get_cudagraph_support(configs[False], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+    adapter.install(adapter.load_vllm_api())
+    for name, layer, method in (
+        (full_graph.KIMI_LAYER_MODULE, full_graph.KIMI_LAYER, "_forward"),
+        (full_graph.QWEN_LAYER_MODULE, full_graph.QWEN_LAYER, "_forward_core"),
+    ):
+        patched = getattr(importlib.import_module(name), layer).__dict__[method]
+        assert "chunkmeta" not in getattr(patched, "__wrapped__", patched).__qualname__
 
 
 def test_support_is_always_for_patched_layers_only(configs, full_cls, caplog):
@@ -188,6 +198,8 @@ def test_steps_of_a_bucket_stage_fixed_tensors_with_the_stock_values(configs, fu
         want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
         assert got.chunkmeta_mixed is bucket
         assert _snapshot(bucket) == shapes  # what a captured graph reads: never moved, never resized
+        # the bucket's fill is the step's one: no eager tables (vLLM's host ones skipped too)
+        assert got.chunk_indices is None and got.batch_ptr is None
         n = MAX_NUM_SEQS
         qsl = m.query_start_loc_cpu
         assert torch.equal(bucket.cu_seqlens, qsl)
@@ -244,8 +256,12 @@ def test_a_failed_stage_keeps_vllms_path_with_one_warning(configs, full_cls, mon
     monkeypatch.setattr(mixed_step.MixedStepInputs, "stage", refuse)
     with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
         for _ in range(3):
-            got = builder.build(0, padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS))
+            m = padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS)
+            got = builder.build(0, m)
             assert not hasattr(got, "chunkmeta_mixed") and got.num_prefills == 1
+            # vLLM's eager path gets its tables after all: chunkmeta's eager build, as off a bucket
+            want = gdn_attn.GDNAttentionMetadataBuilder(SPEC, LAYERS, configs[False], DEVICE).build(0, m)
+            assert torch.equal(got.chunk_indices, want.chunk_indices) and got.nums_dict[8]["tot"] > 0
     warnings = [r for r in caplog.records if "mixed step stays on vLLM's path" in r.getMessage()]
     assert len(warnings) == 1 and full_graph.FULL_GRAPH_ENV in warnings[0].getMessage()
     assert list(builder.chunkmeta_stats()["mixed_fallbacks"].values()) == [3]
@@ -258,7 +274,7 @@ def test_a_bucket_refuses_batches_over_it():
         qsl_t = torch.tensor(qsl, dtype=torch.int32)
         n = len(qsl) - 1
         with pytest.raises(ChunkMetaError, match="over this mixed-step bucket"):
-            bucket.stage(qsl_t, qsl_t, torch.ones(n, dtype=torch.int32), torch.ones(n, dtype=torch.bool))
+            bucket.stage(qsl_t, qsl_t, torch.ones(n, dtype=torch.int32), torch.ones(n, dtype=torch.int32))
     assert torch.equal(bucket.state_indices, before) and bucket.staged is None
 
 
@@ -280,8 +296,7 @@ def _stand_in_layer(tokens, heads=2, head_dim=8):
 def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cls, monkeypatch):
     from vllm.forward_context import override_forward_context
 
-    adapter.install()
-    module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)
+    module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)  # wired by full_cls's install()
     layer_cls = getattr(module, full_graph.KIMI_LAYER)
     forward = layer_cls.__dict__["_forward"]
     assert forward.__wrapped__.__qualname__ == f"chunkmeta.{full_graph.KIMI_LAYER}._forward"
@@ -317,8 +332,7 @@ def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cl
 def test_qwen_layer_takes_the_graph_safe_path_with_fla_triton_only(configs, full_cls, monkeypatch):
     from vllm.forward_context import override_forward_context
 
-    adapter.install()
-    module = importlib.import_module(full_graph.QWEN_LAYER_MODULE)
+    module = importlib.import_module(full_graph.QWEN_LAYER_MODULE)  # wired by full_cls's install()
     forward_core = getattr(module, full_graph.QWEN_LAYER).__dict__["_forward_core"]
     assert forward_core.__qualname__ == f"chunkmeta.{full_graph.QWEN_LAYER}._forward_core"
     calls = []

@@ -1,0 +1,216 @@
+"""``integrations/vllm/mixed_step`` without vLLM (`make test`): a bucket's tables and inputs
+against ``chunkmeta.reference`` on random batches, at fixed addresses and shapes; bad input
+refused with nothing written; the graph-safe forwards hand vLLM's ops the same shapes whatever
+the batch, and the bucket's tables through the router. The forwards' arithmetic against vLLM's
+own ops: ``test_vllm_full_graph_smoke.py`` (`make test-vllm`)."""
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from chunkmeta import reference
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations.vllm import mixed_step
+from chunkmeta.integrations.vllm.mixed_step import GdnOps, KdaOps, MixedStepInputs
+
+TOKENS, REQS = 96, 8
+
+
+def random_step(rng, reqs_max=REQS, tokens_max=TOKENS):
+    n = int(rng.integers(1, reqs_max + 1))
+    lens = rng.multinomial(int(rng.integers(0, tokens_max + 1)), [1 / n] * n)
+    qsl = torch.zeros(n + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(np.cumsum(lens), dtype=torch.int32)
+    states = torch.tensor(rng.choice(np.arange(1, 100), size=n, replace=False), dtype=torch.int32)
+    computed = torch.tensor(rng.integers(0, 3, size=n) * rng.integers(0, 500, size=n), dtype=torch.int32)
+    return qsl, states, computed
+
+
+def addresses(bucket):
+    tensors = (bucket.cu_seqlens, bucket.chunk_indices, bucket.chunk_offsets, bucket.state_indices,
+               bucket.has_initial_state, bucket.conv.batch_ptr, bucket.conv.token_chunk_offset_ptr)  # fmt: skip
+    return [(t.shape, t.dtype, t.data_ptr()) for t in tensors], bucket.conv.nums_dict[8]["tot"]
+
+
+def test_staged_steps_match_the_reference_at_fixed_addresses():
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    fixed = addresses(bucket)
+    rows = bucket.chunk_indices.shape[0]
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        qsl, states, computed = random_step(rng)
+        n = qsl.shape[0] - 1
+        bucket.stage(qsl, qsl, states, computed)
+        assert addresses(bucket) == fixed
+        want = reference.padded_chunk_metadata(qsl.tolist(), 64, REQS + 1, rows, pad_seq=REQS)
+        assert bucket.cu_seqlens.tolist() == want.cu_seqlens[: REQS + 1]
+        assert [tuple(r) for r in bucket.chunk_indices.tolist()] == [tuple(r) for r in want.chunk_indices]
+        assert bucket.chunk_offsets[: REQS + 1].tolist() == want.chunk_offsets[: REQS + 1]
+        conv = reference.causal_conv1d_metadata(qsl.tolist())
+        tail = [-1] * (bucket.conv.batch_ptr.shape[0] - conv.tot)
+        assert bucket.conv.batch_ptr.tolist() == conv.batch_ptr + tail
+        assert bucket.conv.token_chunk_offset_ptr.tolist() == conv.token_chunk_offset_ptr + tail
+        assert bucket.state_indices.tolist() == states.tolist() + [mixed_step.NULL_BLOCK_ID] * (REQS - n)
+        assert bucket.has_initial_state.tolist() == (computed > 0).tolist() + [False] * (REQS - n)
+        assert bucket.staged.fla.is_live
+
+
+def test_padding_rows_point_at_the_reserved_tail_only():
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    qsl = torch.tensor([0, 1, 2, 70], dtype=torch.int32)
+    bucket.stage(qsl, qsl, torch.tensor([4, 5, 6], dtype=torch.int32), torch.tensor([3, 0, 9], dtype=torch.int32))
+    real = 1 + 1 + 2
+    assert (bucket.chunk_indices[real:] == torch.tensor([REQS, 0], dtype=torch.int32)).all()
+    # the kernels' cu_seqlens is the first REQS + 1 entries; the tail sequence REQS and the entry
+    # after it (read by KDA's token-parallel kernel past the last row) hold the total
+    full = bucket.staged.fla.cu_seqlens
+    assert full.shape[0] == REQS + 2 and full[REQS:].tolist() == [70, 70]
+    assert bucket.cu_seqlens.data_ptr() == full.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "qsl, states, computed, match",
+    [
+        ([0] + [1] * 9, 9, 9, "over this mixed-step bucket"),  # 9 requests in a bucket of 8
+        ([0, 50, 97], 2, 2, "over this mixed-step bucket"),  # 97 tokens in a bucket of 96
+        ([0, 5, 9], 3, 2, "state_indices"),
+        ([0, 5, 9], 2, 1, "num_computed_tokens"),
+        ([0, 9, 5], 2, 2, "query_start_loc"),  # decreasing: the builder's own check
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_written(qsl, states, computed, match):
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    ok = torch.tensor([0, 3, 7], dtype=torch.int32)
+    bucket.stage(ok, ok, torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32))
+    before = [t.clone() for t in (bucket.cu_seqlens, bucket.chunk_indices, bucket.state_indices,
+                                  bucket.has_initial_state, bucket.conv.batch_ptr)]  # fmt: skip
+    staged = bucket.staged
+    qsl = torch.tensor(qsl, dtype=torch.int32)
+    with pytest.raises(ChunkMetaError, match=match):
+        bucket.stage(qsl, qsl, torch.ones(states, dtype=torch.int32), torch.ones(computed, dtype=torch.int32))
+    after = (bucket.cu_seqlens, bucket.chunk_indices, bucket.state_indices, bucket.has_initial_state,
+             bucket.conv.batch_ptr)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert bucket.staged is staged and staged.fla.is_live
+
+
+def test_a_bucket_needs_a_staged_step_before_its_forward():
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    with pytest.raises(ChunkMetaError, match="stage"), bucket.fla_routed(object()):
+        pass
+    with pytest.raises(ChunkMetaError, match="num_reqs"):
+        MixedStepInputs(TOKENS, 0, "cpu")
+
+
+class Recorder:
+    """Fake vLLM ops: record every tensor argument's shape and dtype; the FLA router's
+    ``active`` records the provider the KDA op would be answered from."""
+
+    def __init__(self):
+        self.calls = []
+        self.providers = []
+
+    def record(self, name, *args, **kwargs):
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        shapes.update({i: (tuple(v.shape), v.dtype) for i, v in enumerate(args) if isinstance(v, torch.Tensor)})
+        self.calls.append((name, shapes))
+
+    @contextlib.contextmanager
+    def active(self, provider):
+        self.providers.append(provider)
+        yield
+
+    def conv(self, x, weight, bias, **kwargs):
+        self.record("conv", x, weight, **kwargs)
+        assert kwargs["metadata"].nums_dict[8]["tot"] == kwargs["metadata"].batch_ptr.shape[0]
+        return x.clone()
+
+    def gather(self, state, indices, has_initial_state):
+        self.record("gather", state, indices, has_initial_state)
+        return state[indices.long()] * has_initial_state.view(-1, 1, 1, 1)
+
+    def kda(self, **kwargs):
+        self.record("kda", **kwargs)
+        provider = self.providers[-1]
+        assert provider.cu_seqlens is kwargs["cu_seqlens"] and provider.check_live() is provider
+        return torch.zeros_like(kwargs["v"]), torch.ones_like(kwargs["initial_state"])
+
+    def prep(self, conv_output, a, b, num_k_heads, head_k_dim, head_v_dim, **kwargs):
+        self.record("prep", conv_output, a, b)
+        t = conv_output.shape[0]
+        q = torch.zeros(t, num_k_heads, head_k_dim)
+        return (
+            q,
+            q.clone(),
+            torch.zeros(t, a.shape[1], head_v_dim),
+            torch.zeros(t, a.shape[1]),
+            torch.zeros(t, a.shape[1]),
+        )
+
+    def rule(self, **kwargs):
+        self.record("rule", **kwargs)
+        return torch.zeros_like(kwargs["v"]), torch.full_like(kwargs["initial_state"], 2.0)
+
+
+def test_forwards_see_the_same_shapes_whatever_the_batch():
+    heads, dim = 2, 4
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    rec = Recorder()
+    kda_ops = KdaOps(rec.conv, rec.gather, rec.kda, rec)
+    gdn_ops = GdnOps(rec.conv, rec.prep, rec.rule)
+    recurrent = torch.randn(100, heads, dim, dim)
+    ssm = torch.randn(100, 2 * heads, dim, dim)
+    seen = None
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        qsl, states, computed = random_step(rng)
+        bucket.stage(qsl, qsl, states, computed)
+        rec.calls.clear()
+        mixed_step.kda_mixed_forward(
+            kda_ops, bucket, mixed_qkv=torch.randn(TOKENS, 3 * heads * dim), g1=torch.randn(1, TOKENS, heads, dim),
+            beta=torch.randn(1, TOKENS, heads), conv_weights=(torch.randn(heads * dim, 4),) * 3,
+            conv_states=(torch.randn(100, heads * dim, 3),) * 3, recurrent_state=recurrent, A_log=torch.zeros(heads),
+            dt_bias=torch.zeros(heads * dim), lower_bound=None, head_dim=dim,
+        )  # fmt: skip
+        # every row's final state written back, the padded rows' into the null block
+        assert (recurrent[states.long()] == 1).all()
+        out = mixed_step.gdn_mixed_forward(
+            gdn_ops, bucket, mixed_qkv=torch.randn(TOKENS, 4 * heads * dim), a=torch.randn(TOKENS, 2 * heads),
+            b=torch.randn(TOKENS, 2 * heads), conv_weight=torch.randn(4 * heads * dim, 4), conv_bias=None,
+            activation="silu", conv_state=torch.randn(100, 4 * heads * dim, 3), ssm_state=ssm, A_log=torch.zeros(2),
+            dt_bias=torch.zeros(2), num_k_heads=heads, head_k_dim=dim, head_v_dim=dim,
+        )  # fmt: skip
+        assert out.shape == (1, TOKENS, 2 * heads, dim) and (ssm[states.long()] == 2).all()
+        if seen is None:
+            seen = list(rec.calls)
+        assert rec.calls == seen  # shapes and dtypes of every argument: the batch changes none
+    with pytest.raises(ChunkMetaError, match="pad to the bucket"):
+        mixed_step.kda_mixed_forward(
+            kda_ops, bucket, mixed_qkv=torch.randn(TOKENS - 1, 3 * heads * dim), g1=None, beta=None, conv_weights=(),
+            conv_states=(), recurrent_state=recurrent, A_log=None, dt_bias=None, lower_bound=None, head_dim=dim,
+        )  # fmt: skip
+
+
+def test_gdn_initial_states_are_zeroed_as_vllm_zeroes_them():
+    """``where()`` against vLLM's boolean-mask fill (qwen_gdn_linear_attn.py:1817), bit for bit."""
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    qsl = torch.tensor([0, 4, 9, 9], dtype=torch.int32)
+    bucket.stage(qsl, qsl, torch.tensor([3, 1, 2], dtype=torch.int32), torch.tensor([0, 7, 0], dtype=torch.int32))
+    ssm = torch.randn(10, 2, 4, 4)
+    seen = {}
+
+    def rule(**kwargs):
+        seen["initial"] = kwargs["initial_state"].clone()
+        return torch.zeros_like(kwargs["v"]), kwargs["initial_state"]
+
+    ops = GdnOps(Recorder().conv, Recorder().prep, rule)
+    mixed_step.gdn_mixed_forward(
+        ops, bucket, mixed_qkv=torch.randn(TOKENS, 32), a=torch.randn(TOKENS, 2), b=torch.randn(TOKENS, 2),
+        conv_weight=torch.randn(32, 4), conv_bias=None, activation="silu", conv_state=torch.randn(10, 32, 3),
+        ssm_state=ssm.clone(), A_log=torch.zeros(2), dt_bias=torch.zeros(2), num_k_heads=1, head_k_dim=4, head_v_dim=4,
+    )  # fmt: skip
+    want = ssm[bucket.state_indices.long()]
+    want[~bucket.has_initial_state, ...] = 0
+    assert torch.equal(seen["initial"], want) and not want[0].any() and torch.equal(want[1], ssm[1])

@@ -125,8 +125,16 @@ class MixedStepInputs:
         in place; the padded rows' entries only where the batch has fewer requests than the
         bucket (vLLM's FULL padding fills the bucket: none then). No sync, and nothing the graph
         reads is allocated or moved."""
+        if (
+            not isinstance(query_start_loc_cpu, torch.Tensor)
+            or query_start_loc_cpu.dim() != 1
+            or not len(query_start_loc_cpu)
+        ):
+            raise ChunkMetaError(
+                "query_start_loc_cpu: the host copy of query_start_loc, a 1-D tensor of N + 1 entries."
+            )
         num_reqs = query_start_loc_cpu.shape[0] - 1
-        num_tokens = int(query_start_loc_cpu[-1])
+        num_tokens = int(query_start_loc_cpu[-1])  # a host tensor: no sync
         if not self.fits(num_reqs, num_tokens):
             raise ChunkMetaError(
                 f"a batch of {num_reqs} requests / {num_tokens} tokens is over this mixed-step bucket "
@@ -149,8 +157,8 @@ class MixedStepInputs:
     @contextlib.contextmanager
     def fla_routed(self, router):
         """``router`` (an ``FlaRouter``) answers ``prepare_chunk_indices`` / ``_offsets`` for
-        ``cu_seqlens`` with this bucket's tables for the calls inside (capture included: the
-        answer is a fixed tensor, so the replay reads the table of the step staged then)."""
+        ``cu_seqlens`` with this bucket's tables for the calls inside. At capture too: the answer
+        is the bucket's fixed tensors, so a replay reads whatever the latest ``stage()`` wrote."""
         if self.staged is None:
             raise ChunkMetaError("MixedStepInputs: stage() a step before the forward (capture included).")
         provider = _RoutedTables(

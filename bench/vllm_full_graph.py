@@ -556,6 +556,115 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, c
     return row
 
 
+# -- decode: decode-only steps, vLLM's FULL decode graph against the bucket's graph ---------------
+
+
+class DecodeStep:
+    """vLLM's FULL decode graph of the step (FULL_AND_PIECEWISE's decode routine, which a mixed
+    FULL mode gives up: decode-only batches then replay their bucket's mixed graph): per layer the
+    input GEMMs, Kimi's pure-decode path (kimi_gdn_linear_attn.py:595-627: ``causal_conv1d_update``
+    over the packed q/k/v, ``fused_recurrent_kda_packed_decode`` on the recurrent state in place)
+    and ``o_proj``, for ``requests`` one-token rows, captured once."""
+
+    def __init__(self, bench: Bench, method: str, requests: int, capture: bool):
+        s, dev = bench.shape, bench.device
+        self.bench, self.method, self.requests = bench, method, requests
+        self.h = torch.zeros(requests, s.hidden, dtype=s.dtype, device=dev)
+        self.indices = torch.zeros(requests, dtype=torch.int32, device=dev)  # the builder's persistent buffer
+        self.graph = None
+        if capture:
+            self.indices.copy_(torch.arange(1, requests + 1, dtype=torch.int32, device=dev))
+            self._run([tuple(torch.zeros_like(t) for t in c) for c in bench.engine.caches[method]])  # warm-up
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._run(bench.engine.caches[method])
+
+    def _run(self, caches):
+        b, s = self.bench, self.bench.shape
+        h = self.h
+        for w, (conv_state, recurrent_state) in zip(b.engine.layers, caches, strict=True):
+            mixed_qkv, g1, beta = loop.project(s, h, w)
+            if not b.ops.conv_dim_first:
+                conv_state = conv_state.transpose(-1, -2)
+            weights = w.conv1d.view(w.conv1d.size(0), w.conv1d.size(2))
+            conv_out = b.ops.causal_conv1d_update(
+                mixed_qkv, conv_state, weights, None, activation="silu", conv_state_indices=self.indices,
+                validate_data=True, out=torch.empty(mixed_qkv.shape, dtype=mixed_qkv.dtype, device=mixed_qkv.device),
+            )  # fmt: skip
+            o, _ = b.ops.fused_recurrent_kda_packed_decode(
+                mixed_qkv=conv_out, raw_g=g1, raw_beta=beta, A_log=w.A_log, dt_bias=w.dt_bias, lower_bound=None,
+                initial_state=recurrent_state, state_indices=self.indices,
+            )  # fmt: skip
+            h = F.linear(o.reshape(self.requests, s.proj), w.o_proj)
+        return h
+
+    def step(self, m, x) -> torch.Tensor:
+        self.indices.copy_(m.block_table_tensor[:, 0], non_blocking=True)
+        self.h.copy_(x)
+        if self.graph is None:
+            return self._run(self.bench.engine.caches[self.method])
+        self.graph.replay()
+        return self.out
+
+
+DECODE_METHODS = ("vllm_full_decode", "chunkmeta_full")
+
+
+def run_decode(bench: Bench, requests: int, steps: int, seed: int, capture: bool) -> dict:
+    """Decode-only steps of ``requests`` rows (new contexts every step), both methods from the same
+    random states: ms/step, their ratio, the GPU's own time of each, and how far apart the two
+    kernels' outputs and states end (not bit for bit: other arithmetic)."""
+    dev = bench.device
+    cuda = dev.type == "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    caches = {
+        "vllm_full_decode": bench.engine.caches["vllm_piecewise"],
+        "chunkmeta_full": bench.engine.caches["chunkmeta_full"],
+    }
+    for a, b in zip(caches["vllm_full_decode"], caches["chunkmeta_full"], strict=True):
+        for x, y in zip(a, b, strict=True):  # a prefilled history, the same for both
+            x.copy_((torch.randn(x.shape, generator=gen, device=dev) * 0.1).to(x.dtype))
+            y.copy_(x)
+    steppers = {
+        "vllm_full_decode": DecodeStep(bench, "vllm_piecewise", requests, capture),
+        "chunkmeta_full": FullStep(bench, "chunkmeta_full", requests, requests, capture),
+    }
+    rng = np.random.default_rng(seed)
+    batch, last = {}, {}
+
+    def run(method):
+        m = bench.engine.inputs.common_metadata([1] * requests, batch["context"])
+        last[method] = steppers[method].step(m, bench.engine.x[:requests])
+
+    calls = [0]
+
+    def timed(method):
+        if calls[0] % len(DECODE_METHODS) == 0:
+            batch["context"] = [int(c) for c in rng.integers(16, 4000, size=requests)]
+        calls[0] += 1
+        run(method)
+
+    wait = torch.cuda.current_stream().synchronize if cuda else (lambda: None)
+    times = interleaved_ms(timed, list(DECODE_METHODS), steps, wait=wait)
+    ref, got = (last[m].float() for m in DECODE_METHODS)
+    pairs = [
+        (x, y) for p, q in zip(*caches.values(), strict=True) for x, y in zip(p, q, strict=True)
+    ]  # fmt: skip
+    row = {
+        "requests": requests,
+        "max_abs_output": (ref - got).abs().max().item(),
+        "max_abs_state": max((x[1:].float() - y[1:].float()).abs().max().item() for x, y in pairs),
+        "finite": bool(torch.isfinite(got).all()),
+    }
+    for method in DECODE_METHODS:
+        row[method] = {"ms_per_step": median(times[method])}
+        if cuda:
+            row[method]["device_ms"] = device_ms(lambda method=method: run(method), wait)
+    row["chunkmeta_over_vllm"] = row["chunkmeta_full"]["ms_per_step"] / row["vllm_full_decode"]["ms_per_step"]
+    return row
+
+
 # issue 34's targets: chunkmeta_full against vllm_piecewise per (requests, tokens)
 TARGET_SPEEDUPS = {(8, 256): 3.0, (8, 1024): 3.0, (8, 4096): 1.5}
 
@@ -633,6 +742,18 @@ def format_tables(figures: dict, device: str) -> str:
             f"{r['speedup_full']:.2f}x | {over} | {syncs} | {cap} | {mib} | "
             f"{r['last_output_equal']} / {r['states_equal']} |"
         )
+    lines += ["", "## decode-only steps", "", "| requests | vLLM FULL decode ms | chunkmeta_full ms | ratio | "
+              "device ms (vLLM / chunkmeta) | max abs output / state |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in figures.get("decode", []):
+        if "error" in r:
+            lines.append(f"| {r['requests']} | failed: {r['error'].splitlines()[0][:80]} |")
+            continue
+        v, c = r["vllm_full_decode"], r["chunkmeta_full"]
+        dev = f"{v['device_ms']:.3f} / {c['device_ms']:.3f}" if "device_ms" in v else "n/a"
+        lines.append(
+            f"| {r['requests']} | {v['ms_per_step']:.3f} | {c['ms_per_step']:.3f} | {r['chunkmeta_over_vllm']:.2f}x | "
+            f"{dev} | {r['max_abs_output']:.3g} / {r['max_abs_state']:.3g} |"
+        )
     t = figures.get("targets")
     lines += ["", f"targets (issue 34): {t}" if t else "targets (issue 34): not judged (CPU smoke run)"]
     return "\n".join(lines)
@@ -647,9 +768,18 @@ DEFAULTS = dict(
     exact_batches=200,
     exact_shapes="8x256,32x512",
     shapes="8x256,8x1024,8x4096,32x512,64x4096",
+    decode_shapes="8,64",
 )
 SMOKE_DEFAULTS = dict(
-    steps=2, layers=1, heads=2, head_dim=16, hidden=32, exact_batches=4, exact_shapes="4x16", shapes="4x16"
+    steps=2,
+    layers=1,
+    heads=2,
+    head_dim=16,
+    hidden=32,
+    exact_batches=4,
+    exact_shapes="4x16",
+    shapes="4x16",
+    decode_shapes="4",
 )
 
 
@@ -709,6 +839,13 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001  (the next shapes go on)
             figures["steps"].append({"requests": requests, "tokens": tokens, "error": loop._error(exc)})
         print(f"[{time.monotonic() - started:6.1f} s] {requests} x {tokens} done", flush=True)
+    figures["decode"] = []
+    for requests in (int(r) for r in args.decode_shapes.split(",")):
+        try:
+            figures["decode"].append(run_decode(bench, requests, args.steps, args.seed, capture=not args.smoke))
+        except Exception as exc:  # noqa: BLE001
+            figures["decode"].append({"requests": requests, "error": loop._error(exc)})
+        print(f"[{time.monotonic() - started:6.1f} s] decode {requests} done", flush=True)
     figures["targets"] = None if args.smoke else targets(figures["steps"])  # the interpreter's times say nothing
     figures["seconds"] = round(time.monotonic() - started, 1)
     record = runs.save("vllm_full_graph", figures, script="bench/vllm_full_graph.py", argv=argv, out=args.out)

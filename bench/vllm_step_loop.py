@@ -140,15 +140,21 @@ class Ops:
 
     def __init__(self, device):
         from vllm.model_executor.layers.mamba import mamba_utils
-        from vllm.models.kimi_k3.nvidia.ops.third_party.kda import chunk_kda_with_fused_gate
+        from vllm.models.kimi_k3.nvidia.ops.third_party.kda import (
+            chunk_kda_with_fused_gate,
+            fused_recurrent_kda_packed_decode,
+        )
 
         if device.type == "cuda":
-            self.causal_conv1d_fn = triton_causal_conv1d_fn()
-        else:  # --smoke: the CPU platform's torch version (the interpreter fails in vLLM's kernel)
+            conv = triton_conv_module()
+            self.causal_conv1d_fn, self.causal_conv1d_update = conv.causal_conv1d_fn, conv.causal_conv1d_update
+        else:  # --smoke: the CPU platform's torch version (the interpreter fails in vLLM's kernels),
+            # and a torch decode update (vLLM's CPU one is a compiled op)
             from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
 
-            self.causal_conv1d_fn = causal_conv1d_fn
+            self.causal_conv1d_fn, self.causal_conv1d_update = causal_conv1d_fn, _causal_conv1d_update_cpu
         self.chunk_kda_with_fused_gate = chunk_kda_with_fused_gate
+        self.fused_recurrent_kda_packed_decode = fused_recurrent_kda_packed_decode  # Kimi's pure-decode path
         self.conv_dim_first = mamba_utils.is_conv_state_dim_first()
         self.state_shapes = mamba_utils.MambaStateShapeCalculator.kda_state_shape
         if device.type == "cuda":
@@ -159,18 +165,19 @@ class Ops:
             self.gather_initial_states = _gather_initial_states_cpu
 
 
-def triton_causal_conv1d_fn():
-    """vLLM's Triton ``causal_conv1d_fn``: what its CUDA platform runs, and the one that reads the
-    conv tables. vLLM's CPU platform (the carried bundle runs it on a GPU host) swaps in a torch
-    version that syncs on every call and reads none of them; there the module is executed once
-    more, apart from ``sys.modules``, with the platform saying it is not a CPU."""
+def triton_conv_module():
+    """vLLM's causal-conv1d module with its Triton ``causal_conv1d_fn`` / ``causal_conv1d_update``:
+    what its CUDA platform runs, and the ones that read the conv tables. vLLM's CPU platform (the
+    carried bundle runs it on a GPU host) swaps in torch versions that sync on every call and read
+    none of them; there the module is executed once more, apart from ``sys.modules``, with the
+    platform saying it is not a CPU."""
     import importlib
 
     from vllm.platforms import current_platform
 
     name = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
     if not current_platform.is_cpu():
-        return importlib.import_module(name).causal_conv1d_fn
+        return importlib.import_module(name)
     spec = importlib.util.find_spec(name)
     module = importlib.util.module_from_spec(spec)
     platform = type(current_platform)
@@ -180,7 +187,26 @@ def triton_causal_conv1d_fn():
         spec.loader.exec_module(module)
     finally:
         platform.is_cpu = is_cpu
-    return module.causal_conv1d_fn
+    return module
+
+
+def _causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None, **kwargs):
+    """vLLM's ``causal_conv1d_update`` for one token per row (Kimi's decode path), in torch: the
+    row's state window and the new token, the silu of their dot with the weights; rows on the null
+    block 0 are skipped, as vLLM's kernel skips them."""
+    idx = conv_state_indices.long()
+    window = torch.cat([conv_state[idx].to(torch.float32), x.to(torch.float32).unsqueeze(-1)], dim=-1)
+    out = (window * weight.to(torch.float32)).sum(-1)
+    if bias is not None:
+        out = out + bias
+    out = F.silu(out) if activation in ("silu", "swish", True) else out
+    live = idx != 0
+    conv_state[idx[live]] = window[live, :, 1:].to(conv_state.dtype)
+    result = kwargs.get("out")
+    if result is None:
+        return out.to(x.dtype)
+    result.copy_(out)
+    return result
 
 
 def _gather_initial_states_cpu(state, indices, has_initial_state):

@@ -6,7 +6,8 @@ exact batch, on vLLM's own ops (its CPU conv, the vendored KDA / FLA under Trito
 random batches with padded request rows in each: outputs of every real token and every real
 block's states bit for bit, except GDN's decode rows, which vLLM runs through another kernel (their
 difference bounded); then a whole step of each benchmark method,
-eagerly (CUDA graphs need a GPU), states and outputs equal. Run as its own process, as the
+eagerly (CUDA graphs need a GPU), states and outputs equal, and decode-only steps of the bucket
+against Kimi's decode kernel. Run as its own process, as the
 step-loop smoke test is (its ``run_smoke``).
 """
 
@@ -31,6 +32,10 @@ def test_graph_safe_forward_equals_vllms_eager_path(tmp_path):
     assert gdn["router_hits_per_batch"] == 0  # the GDN rule is handed its tables
     # decode rows: vLLM's recurrent kernel against the chunked rule, float16 under the interpreter
     assert 0 < gdn_decodes["decode_max_abs_output"] < 1e-3 and gdn_decodes["decode_max_abs_state"] < 1e-2
+    # decode-only steps: the bucket's chunked path against Kimi's decode kernel (vLLM's FULL
+    # decode graph), float32: other arithmetic, the same values to rounding
+    (decode,) = record["figures"]["decode"]
+    assert decode["finite"] and decode["max_abs_output"] < 1e-5 and decode["max_abs_state"] < 1e-5, decode
     (row,) = record["figures"]["steps"]
     assert row["last_output_equal"] and row["states_equal"] and row["finite_output"], row
     assert row["piecewise_output_equal"] and row["piecewise_states_equal"], row

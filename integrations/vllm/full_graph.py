@@ -9,7 +9,8 @@ graphs.
   only if every KV-cache group's builder says ``ALWAYS``: config/compilation.py:1394-1419);
   ``build_for_cudagraph_capture`` makes one ``MixedStepInputs`` bucket per captured batch shape
   ``(num_actual_tokens, num_reqs)`` (vLLM's FULL keys pad both: gpu_model_runner.py:4047, 4107)
-  without the stock decode-size assert (gdn_attn.py:799-808); ``build`` stages every batch of a
+  without the stock decode-size assert (gdn_attn.py:799-808), when the captures are of mixed
+  batches (``cudagraph_mode=FULL``; a separate decode routine keeps vLLM's capture); ``build`` stages every batch of a
   bucket's shape into it (one fill launch, the runner's values copied in) and hands it to the
   layers as ``metadata.chunkmeta_mixed``.
 * ``kimi_forward`` / ``qwen_forward_core``: ``KimiGatedDeltaNetAttention._forward`` and
@@ -110,9 +111,19 @@ class FullGraphBuilderMixin:
     def _mixed_active(self) -> bool:
         return self.chunkmeta is not None and self._chunkmeta_unsafe is None
 
+    def _mixed_full_graphs(self) -> bool:
+        """Whether vLLM captures mixed batches in FULL graphs: ``cudagraph_mode=FULL`` (one routine).
+        Under ``FULL_AND_PIECEWISE`` / ``FULL_DECODE_ONLY`` its FULL captures are the decode
+        routine's, which keeps vLLM's decode kernels (read at capture: vLLM settles the mode
+        after it has made the builders, from their support levels)."""
+        from vllm.config.compilation import CUDAGraphMode
+
+        mode = getattr(self.vllm_config.compilation_config, "cudagraph_mode", None)
+        return mode is not None and mode.mixed_mode() == CUDAGraphMode.FULL
+
     def build_for_cudagraph_capture(self, common_attn_metadata):
         m = common_attn_metadata
-        if not self._mixed_active():
+        if not (self._mixed_active() and self._mixed_full_graphs()):
             return super().build_for_cudagraph_capture(m)
         key = (m.num_actual_tokens, m.num_reqs)
         if key not in self.chunkmeta_buckets:

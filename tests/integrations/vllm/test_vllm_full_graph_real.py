@@ -32,6 +32,7 @@ from chunkmeta.integrations import vllm as adapter
 from chunkmeta.integrations.vllm import full_graph, mixed_step
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
+from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import MambaSpec
@@ -59,7 +60,9 @@ def configs(tmp_path_factory):
 
     def config(model, **kwargs):
         scheduler = vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
-        return VllmConfig(model_config=model, scheduler_config=scheduler, **kwargs)
+        made = VllmConfig(model_config=model, scheduler_config=scheduler, **kwargs)
+        made.compilation_config.cudagraph_mode = CUDAGraphMode.FULL  # the mode the opt-in is for
+        return made
 
     qwen = model("Qwen3NextForCausalLM")
     return {
@@ -142,6 +145,17 @@ def test_support_is_always_for_patched_layers_only(configs, full_cls, caplog):
         if other == "other":  # (spec decode: vLLM's own capture builder asserts decode sizes)
             capture = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS))
             assert not hasattr(capture, "chunkmeta_mixed") and builder.chunkmeta_buckets == {}
+
+
+def test_decode_routines_keep_vllms_capture(configs, full_cls, monkeypatch):
+    """Under FULL_AND_PIECEWISE (vLLM's default) FULL graphs are the decode routine's: they keep
+    vLLM's decode kernels, and mixed batches its piecewise graphs; no bucket is made."""
+    monkeypatch.setattr(configs[False].compilation_config, "cudagraph_mode", CUDAGraphMode.FULL_AND_PIECEWISE)
+    builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    decode = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS))
+    assert not hasattr(decode, "chunkmeta_mixed") and builder.chunkmeta_buckets == {}
+    with pytest.raises(AssertionError, match="decode-only full CUDAGraph"):  # vLLM's own capture builder
+        builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
 
 
 def test_which_models_are_graph_safe(configs, monkeypatch):

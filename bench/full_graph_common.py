@@ -5,9 +5,17 @@ common metadata. Imported after the script has set up the interpreter (``--smoke
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import vllm_step_loop as loop
+
+# how a piece is captured: "cuda" (CUDA graphs), "simulate" (CPU: the graph's contract with no
+# graph, so that the smoke runs the capture and replay paths), "off" (eager)
+CAPTURE_MODES = ("cuda", "simulate", "off")
 
 REQUEST_BUCKETS = (8, 16, 32, 64, 128, 256)
 
@@ -99,3 +107,36 @@ def stage(inputs, m) -> None:
         m.block_table_tensor[:, 0],
         m.compute_num_computed_tokens(),
     )
+
+
+class Captured(NamedTuple):
+    replay: Callable[[], None]
+    out: object  # what the captured function returned: the static output each replay rewrites
+    seconds: float | None  # capture time (CUDA)
+    pool_bytes: int | None  # the graph pool's growth (CUDA)
+
+
+def capture(fn, mode: str, keep=()) -> Captured:
+    """``fn`` captured once; warm it up first (Triton compiles and tunes outside a capture).
+    ``"cuda"``: a CUDA graph. ``"simulate"``: ``fn`` runs now with the tensors of ``keep`` put back
+    after it (a capture runs nothing) and again at each replay, its result copied into the first
+    one's: a graph's static-output contract without a graph."""
+    if mode == "cuda":
+        torch.cuda.synchronize()
+        graph, before, start = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved(), time.perf_counter()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return Captured(graph.replay, out, time.perf_counter() - start, torch.cuda.memory_reserved() - before)
+    if mode != "simulate":
+        raise ValueError(f"capture mode {mode!r}: one of {CAPTURE_MODES[:2]}")
+    saved = [t.clone() for t in keep]
+    out = fn()
+    for t, before in zip(keep, saved, strict=True):
+        t.copy_(before)
+
+    def replay():
+        again = fn()
+        if out is not None:
+            out.copy_(again)
+
+    return Captured(replay, out, None, None)

@@ -4,11 +4,17 @@ compared bit for bit (GDN's decode rows: by their largest difference)."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
-from full_graph_common import Bench, linear_attention_eager, linear_attention_mixed, random_batch, request_bucket, stage
+from full_graph_common import (
+    Bench,
+    capture,
+    linear_attention_eager,
+    linear_attention_mixed,
+    random_batch,
+    request_bucket,
+    stage,
+)
 
 
 class KdaCase:
@@ -159,29 +165,24 @@ class GdnCase:
         )  # fmt: skip
 
 
-def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed: int) -> dict:
+def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed: int, mode: str) -> dict:
     """``batches`` random batches of at most ``requests`` rows and ``tokens`` tokens through vLLM's
     eager path (exact shapes, the stock builder's metadata) and ``case.mixed`` on a bucket of
     ``tokens`` x ``request_bucket(requests)`` (padded request rows in every batch): captured
-    once and replayed on CUDA (staging and replay under ``set_sync_debug_mode("error")``), run
-    eagerly on CPU. Compared bit for bit: every real token's output, every real block's states."""
+    once and replayed (``mode``: ``full_graph_common.capture``; on CUDA staging and replay under
+    ``set_sync_debug_mode("error")``), or run eagerly (``"off"``). Compared bit for bit: every real
+    token's output, every real block's states."""
     from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
 
     dev, cuda = bench.device, bench.device.type == "cuda"
     inputs = MixedStepInputs(tokens, request_bucket(requests), dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
     rng = np.random.default_rng(seed)
-    graph, out_static, capture_s, pool_bytes = None, None, None, None
-    if cuda:  # capture on a first batch (warm-up outside: Triton compiles and tunes there)
+    captured = None
+    if mode != "off":  # capture on a first batch, after a warm-up on scratch states
         stage(inputs, bench.engine.inputs.common_metadata(*case.batch(rng, requests, tokens)))
         case.mixed(inputs, tuple(torch.zeros_like(t) for t in case.graph_cache))
-        torch.cuda.synchronize()
-        graph, before = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved()
-        start = time.perf_counter()
-        with torch.cuda.graph(graph):
-            out_static = case.mixed(inputs, case.graph_cache)
-        capture_s, pool_bytes = time.perf_counter() - start, torch.cuda.memory_reserved() - before
-        torch.cuda.synchronize()
+        captured = capture(lambda: case.mixed(inputs, case.graph_cache), mode)
     for t in (*case.ref_cache, *case.graph_cache):
         t.zero_()  # both histories start alike
     mismatches, tokens_compared, decode_max = [], 0, [0.0, 0.0]
@@ -195,15 +196,16 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
         ref = case.eager(bench.builders["vllm_piecewise"].build(0, m))
         if cuda:
             torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
-            try:
-                stage(inputs, m)
-                graph.replay()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            out = out_static
-        else:
+        try:
             stage(inputs, m)
-            out = case.mixed(inputs, case.graph_cache)
+            if captured is not None:
+                captured.replay()
+                out = captured.out
+            else:
+                out = case.mixed(inputs, case.graph_cache)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
         n = m.num_actual_tokens
         if hasattr(case, "compare"):
             verdict = case.compare(out, ref, query)
@@ -220,7 +222,7 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
     return {
         "layer": case.name, "requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests),
         "batches": batches, "tokens_compared": tokens_compared, "bit_identical": not mismatches,
-        "mismatches": mismatches[:5], "captured": graph is not None, "capture_s": capture_s,
+        "mismatches": mismatches[:5], "captured": mode, "capture_s": captured and captured.seconds,
         # calls of the vendored prepare_chunk_* answered with the bucket's tables (eager runs only:
         # a replay runs no Python); the stock path's own calls fall through uncounted
         "router_hits_per_batch": (router.hits - hits) / batches,
@@ -229,5 +231,5 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
         "router_misses": router.misses - misses,
         # gdn_with_decodes: the decode rows' largest |difference| (outputs, recurrent states)
         "decode_max_abs_output": decode_max[0], "decode_max_abs_state": decode_max[1],
-        "graph_pool_bytes": pool_bytes,
+        "graph_pool_bytes": captured and captured.pool_bytes,
     }  # fmt: skip

@@ -61,7 +61,15 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import vllm_builders  # noqa: E402
 import vllm_step_loop as loop  # noqa: E402  the layer, its weights and vLLM's ops
-from full_graph_common import Bench, linear_attention_eager, linear_attention_mixed, random_batch, request_bucket, stage  # noqa: E402
+from full_graph_common import (  # noqa: E402
+    Bench,
+    capture,
+    linear_attention_eager,
+    linear_attention_mixed,
+    random_batch,
+    request_bucket,
+    stage,
+)
 from full_graph_exact import GdnCase, KdaCase, run_exact  # noqa: E402
 
 from chunkmeta.timing import interleaved_ms, median  # noqa: E402
@@ -76,7 +84,7 @@ class Piecewise:
     ``pre[l]`` (input GEMMs of layer l) and ``post[l]`` (``o_proj``), each segment between two
     linear-attention ops one graph; the linear-attention ops run eagerly between replays."""
 
-    def __init__(self, bench: Bench, tokens: int, capture: bool):
+    def __init__(self, bench: Bench, tokens: int, mode: str):
         s, dev = bench.shape, bench.device
         self.bench, self.tokens = bench, tokens
         self.h = torch.zeros(tokens, s.hidden, dtype=s.dtype, device=dev)
@@ -84,7 +92,7 @@ class Piecewise:
         self.proj = [None] * s.layers
         self.segments = []
         for i in range(s.layers + 1):
-            self.segments.append(self._segment(i, capture))
+            self.segments.append(self._segment(i, mode))
 
     def _pre(self, i):
         self.proj[i] = loop.project(self.bench.shape, self.h, self.bench.engine.layers[i])
@@ -92,7 +100,7 @@ class Piecewise:
     def _post(self, i):
         self.h.copy_(F.linear(self.o, self.bench.engine.layers[i].o_proj))
 
-    def _segment(self, i, capture):
+    def _segment(self, i, mode):
         layers = self.bench.shape.layers
 
         def run():
@@ -101,14 +109,10 @@ class Piecewise:
             if i < layers:
                 self._pre(i)
 
-        if not capture:
+        if mode == "off":
             return run
         run()  # warm-up
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        return graph.replay
+        return capture(run, mode).replay
 
     def step(self, x, attention) -> torch.Tensor:
         """``attention(i, mixed_qkv, g1, beta)`` -> the real tokens' output ``[1, n, H, D]``."""
@@ -126,26 +130,21 @@ class FullStep:
     """The whole step of one bucket (tokens x requests) in one graph: GEMMs and the graph-safe
     linear-attention forward of every layer; ``stage()`` then replay per step."""
 
-    def __init__(self, bench: Bench, method: str, tokens: int, requests: int, capture: bool):
+    def __init__(self, bench: Bench, method: str, tokens: int, requests: int, mode: str):
         from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
 
         s, dev = bench.shape, bench.device
         self.bench, self.method, self.tokens = bench, method, tokens
         self.inputs = MixedStepInputs(tokens, requests, dev)
         self.h = torch.zeros(tokens, s.hidden, dtype=s.dtype, device=dev)
-        self.capture_s = self.pool_bytes = None
-        self.graph = None
-        if capture:
+        self.capture_s = self.pool_bytes = self.replay = None
+        if mode != "off":
             stage(self.inputs, bench.engine.inputs.common_metadata([tokens // requests] * requests, [0] * requests))
-            scratch = [tuple(torch.zeros_like(t) for t in c) for c in bench.engine.caches[method]]
-            self._run(scratch)  # warm-up on scratch states: the capture runs nothing
-            torch.cuda.synchronize()
-            graph, before = torch.cuda.CUDAGraph(), torch.cuda.memory_reserved()
-            start = time.perf_counter()
-            with torch.cuda.graph(graph):
-                self.out = self._run(bench.engine.caches[method])
-            self.capture_s, self.pool_bytes = time.perf_counter() - start, torch.cuda.memory_reserved() - before
-            self.graph = graph
+            caches = bench.engine.caches[method]
+            self._run([tuple(torch.zeros_like(t) for t in c) for c in caches])  # warm-up on scratch states
+            captured = capture(lambda: self._run(caches), mode, keep=[t for c in caches for t in c])
+            self.replay, self.out = captured.replay, captured.out
+            self.capture_s, self.pool_bytes = captured.seconds, captured.pool_bytes
 
     def _run(self, caches):
         b, s = self.bench, self.bench.shape
@@ -158,13 +157,13 @@ class FullStep:
     def step(self, m, x) -> torch.Tensor:
         stage(self.inputs, m)
         self.h[: x.shape[0]].copy_(x)
-        if self.graph is None:
+        if self.replay is None:
             return self._run(self.bench.engine.caches[self.method])
-        self.graph.replay()
+        self.replay()
         return self.out
 
 
-def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, capture: bool) -> dict:
+def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, mode: str) -> dict:
     dev = bench.device
     cuda = dev.type == "cuda"
     rng = np.random.default_rng(seed)
@@ -173,8 +172,8 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, c
             for t in cache:
                 t.zero_()
     row = {"requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests)}
-    piecewise = Piecewise(bench, tokens, capture)
-    full = FullStep(bench, "chunkmeta_full", tokens, request_bucket(requests), capture)
+    piecewise = Piecewise(bench, tokens, mode)
+    full = FullStep(bench, "chunkmeta_full", tokens, request_bucket(requests), mode)
     row["chunkmeta_full_capture_s"], row["chunkmeta_full_graph_bytes"] = full.capture_s, full.pool_bytes
     batch = {}
     last = {}
@@ -253,19 +252,18 @@ class DecodeStep:
     over the packed q/k/v, ``fused_recurrent_kda_packed_decode`` on the recurrent state in place)
     and ``o_proj``, for ``requests`` one-token rows, captured once."""
 
-    def __init__(self, bench: Bench, method: str, requests: int, capture: bool):
+    def __init__(self, bench: Bench, method: str, requests: int, mode: str):
         s, dev = bench.shape, bench.device
         self.bench, self.method, self.requests = bench, method, requests
         self.h = torch.zeros(requests, s.hidden, dtype=s.dtype, device=dev)
         self.indices = torch.zeros(requests, dtype=torch.int32, device=dev)  # the builder's persistent buffer
-        self.graph = None
-        if capture:
+        self.replay = None
+        if mode != "off":
             self.indices.copy_(torch.arange(1, requests + 1, dtype=torch.int32, device=dev))
-            self._run([tuple(torch.zeros_like(t) for t in c) for c in bench.engine.caches[method]])  # warm-up
-            torch.cuda.synchronize()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._run(bench.engine.caches[method])
+            caches = bench.engine.caches[method]
+            self._run([tuple(torch.zeros_like(t) for t in c) for c in caches])  # warm-up on scratch states
+            captured = capture(lambda: self._run(caches), mode, keep=[t for c in caches for t in c])
+            self.replay, self.out = captured.replay, captured.out
 
     def _run(self, caches):
         b, s = self.bench, self.bench.shape
@@ -289,16 +287,16 @@ class DecodeStep:
     def step(self, m, x) -> torch.Tensor:
         self.indices.copy_(m.block_table_tensor[:, 0], non_blocking=True)
         self.h.copy_(x)
-        if self.graph is None:
+        if self.replay is None:
             return self._run(self.bench.engine.caches[self.method])
-        self.graph.replay()
+        self.replay()
         return self.out
 
 
 DECODE_METHODS = ("vllm_full_decode", "chunkmeta_full")
 
 
-def run_decode(bench: Bench, requests: int, steps: int, seed: int, capture: bool) -> dict:
+def run_decode(bench: Bench, requests: int, steps: int, seed: int, mode: str) -> dict:
     """Decode-only steps of ``requests`` rows (new contexts every step), both methods from the same
     random states: ms/step, their ratio, the GPU's own time of each, and how far apart the two
     kernels' outputs and states end (not bit for bit: other arithmetic)."""
@@ -314,8 +312,8 @@ def run_decode(bench: Bench, requests: int, steps: int, seed: int, capture: bool
             x.copy_((torch.randn(x.shape, generator=gen, device=dev) * 0.1).to(x.dtype))
             y.copy_(x)
     steppers = {
-        "vllm_full_decode": DecodeStep(bench, "vllm_piecewise", requests, capture),
-        "chunkmeta_full": FullStep(bench, "chunkmeta_full", requests, requests, capture),
+        "vllm_full_decode": DecodeStep(bench, "vllm_piecewise", requests, mode),
+        "chunkmeta_full": FullStep(bench, "chunkmeta_full", requests, requests, mode),
     }
     rng = np.random.default_rng(seed)
     batch, last = {}, {}
@@ -394,7 +392,7 @@ def format_tables(figures: dict, device: str) -> str:
         if "error" in e:
             lines.append(f"{e['layer']}: failed: {e['error'].splitlines()[0][:160]}")
             continue
-        how = "captured once, replayed" if e["captured"] else "eager (no CUDA)"
+        how = {"cuda": "captured once, replayed", "simulate": "capture simulated (CPU)", "off": "eager"}[e["captured"]]
         same = "yes" if e["bit_identical"] else "NO"
         tolerance = ""
         if e["layer"] == "gdn_with_decodes":
@@ -477,6 +475,9 @@ def main(argv: list[str]) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=str if name.endswith("shapes") else int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--simulate-graphs", action="store_true", help="--smoke: run the capture and replay paths with no graph"
+    )
     args = parser.parse_args(argv)
     for name, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
         if getattr(args, name) is None:
@@ -488,6 +489,7 @@ def main(argv: list[str]) -> int:
     elif not torch.cuda.is_available():
         sys.exit("no CUDA device: vLLM's ops need one (or Triton's interpreter: --smoke)")
     device = torch.device("cpu" if args.smoke else "cuda")
+    mode = "cuda" if not args.smoke else "simulate" if args.simulate_graphs else "off"
     shape = loop.Shape(
         hidden=args.hidden, heads=args.heads, head_dim=args.head_dim, conv_kernel=4, layers=args.layers,
         dtype=torch.float32 if args.smoke else torch.bfloat16,
@@ -508,13 +510,13 @@ def main(argv: list[str]) -> int:
         sys.exit(f"builders: {errors}")
     builders = {"vllm_piecewise": made["vllm"], "chunkmeta_piecewise": made["chunkmeta"]}
     bench = Bench(shape, builders, loop.Ops(device), max_reqs, max_tokens, device, METHODS)
-    figures = {"model": shape.describe(), "smoke": args.smoke, "steps_per_shape": args.steps}
+    figures = {"model": shape.describe(), "smoke": args.smoke, "capture": mode, "steps_per_shape": args.steps}
     figures["exact"] = []
     for requests, tokens in exact_shapes:
         blocks = max_reqs + 1
         for case in (KdaCase(bench, tokens), GdnCase(bench, tokens, blocks), GdnCase(bench, tokens, blocks, True)):
             try:
-                figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed))
+                figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed, mode))
             except Exception as exc:  # noqa: BLE001  (the other layers and the steps go on)
                 figures["exact"].append({"layer": case.name, "error": loop._error(exc), "bit_identical": False})
             verdict = figures["exact"][-1]["bit_identical"]
@@ -522,14 +524,14 @@ def main(argv: list[str]) -> int:
     figures["steps"] = []
     for requests, tokens in shapes:
         try:
-            figures["steps"].append(run_steps(bench, requests, tokens, args.steps, args.seed, capture=not args.smoke))
+            figures["steps"].append(run_steps(bench, requests, tokens, args.steps, args.seed, mode))
         except Exception as exc:  # noqa: BLE001  (the next shapes go on)
             figures["steps"].append({"requests": requests, "tokens": tokens, "error": loop._error(exc)})
         print(f"[{time.monotonic() - started:6.1f} s] {requests} x {tokens} done", flush=True)
     figures["decode"] = []
     for requests in (int(r) for r in args.decode_shapes.split(",")):
         try:
-            figures["decode"].append(run_decode(bench, requests, args.steps, args.seed, capture=not args.smoke))
+            figures["decode"].append(run_decode(bench, requests, args.steps, args.seed, mode))
         except Exception as exc:  # noqa: BLE001
             figures["decode"].append({"requests": requests, "error": loop._error(exc)})
         print(f"[{time.monotonic() - started:6.1f} s] decode {requests} done", flush=True)

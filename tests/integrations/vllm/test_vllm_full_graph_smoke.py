@@ -6,8 +6,9 @@ exact batch, on vLLM's own ops (its CPU conv, the vendored KDA / FLA under Trito
 random batches with padded request rows in each: outputs of every real token and every real
 block's states bit for bit, except GDN's decode rows, which vLLM runs through another kernel (their
 difference bounded); then a whole step of each benchmark method,
-eagerly (CUDA graphs need a GPU), states and outputs equal, and decode-only steps of the bucket
-against Kimi's decode kernel. Run as its own process, as the
+with the capture and replay paths run as a graph would (``--simulate-graphs``: captured once,
+each replay rewriting the static outputs; CUDA graphs need a GPU), states and outputs equal, and
+decode-only steps of the bucket against Kimi's decode kernel. Run as its own process, as the
 step-loop smoke test is (its ``run_smoke``).
 """
 
@@ -22,7 +23,8 @@ from test_vllm_step_loop_smoke import run_smoke
 
 
 def test_graph_safe_forward_equals_vllms_eager_path(tmp_path):
-    record = run_smoke(tmp_path, "bench/vllm_full_graph.py", "--exact-batches", "6")
+    record = run_smoke(tmp_path, "bench/vllm_full_graph.py", "--exact-batches", "6", "--simulate-graphs")
+    assert record["figures"]["capture"] == "simulate"  # the capture and replay paths, with no graph
     kda, gdn, gdn_decodes = record["figures"]["exact"]
     for exact, layer in ((kda, "kda"), (gdn, "gdn"), (gdn_decodes, "gdn_with_decodes")):
         assert exact["layer"] == layer and exact["bit_identical"], exact

@@ -1,4 +1,4 @@
-"""``bench/vllm_full_graph.py --smoke`` on the real vLLM 0.33.0, CPU (`make test-vllm`; ~40 s).
+"""``bench/vllm_full_graph.py --smoke`` on the real vLLM 0.33.0, CPU (`make test-vllm`; ~55 s).
 
 The graph-safe mixed forwards (``integrations/vllm/mixed_step``: Kimi-Linear's KDA, Qwen3-Next's
 GDN) on their padded bucket (8 request rows, 16 tokens) against vLLM's eager non-spec path on the

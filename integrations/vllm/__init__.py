@@ -21,7 +21,10 @@ table's own point; a step chunkmeta cannot build is served by vLLM's own functio
 warning per cause (``stats()``). ``install()`` / ``uninstall()`` (``wiring``) patch the
 backends' ``get_builder_cls`` and ``compute_causal_conv1d_metadata`` where it is called;
 ``register()`` is the ``vllm.general_plugins`` entry point, a no-op unless ``CHUNKMETA_VLLM=1``.
-``prepare_chunk_metadata_device`` (``kimi_k3``): a drop-in for the ROCm Kimi-K3 helper. Nothing
+``prepare_chunk_metadata_device`` (``kimi_k3``): a drop-in for the ROCm Kimi-K3 helper.
+``full_graph`` / ``mixed_step`` (opt-in, ``CHUNKMETA_VLLM_FULL_GRAPH=1``): mixed prefill+decode
+steps of Kimi-Linear and Qwen3-Next / Qwen3.5 in FULL CUDA graphs: capacity-shaped per-bucket
+inputs, graph-safe KDA / GDN forwards, the builder's ``ALWAYS`` support and the layer patches. Nothing
 here imports vLLM, at import time or in ``install()``: each module is wired when vLLM imports it
 (``interface.VllmModules``); ``interface.load_vllm_api()`` imports the classes for a caller that
 wants them now.

@@ -1,5 +1,5 @@
 # Run the GPU stages on a CUDA machine.
-#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo stepsweep diagnostics vllm fullgraph
+#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo stepsweep diagnostics vllm vllmbuilders fullgraph
 #   (TESTS_K=expr: pytest -k for tests; TESTS_TIMEOUT_S: stop the tests stage's pytest after that
 #   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS
 #   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, STEPSWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
@@ -95,6 +95,14 @@ for stage in "$@"; do
           --budget-s "${VLLM_LOOP_BUDGET_S:-0}" 2>&1 | tee "$WORK/vllm_step_loop.log"
         [ "${PIPESTATUS[0]}" = 0 ] || s=1
         exit $s
+      ) || rc=1 ;;
+    vllmbuilders)  # bench/vllm_builders.py alone (the vllm stage's second step): ROUNDS, DECODE_ROUNDS
+      rc=0
+      (
+        if [ -f .vllm_bundle/setup_env.sh ]; then source .vllm_bundle/setup_env.sh || exit 3; fi
+        python3 bench/vllm_builders.py --out "$WORK" --rounds "${ROUNDS:-20}" --decode-rounds "${DECODE_ROUNDS:-2000}" \
+          2>&1 | tee "$WORK/vllm_builders.log"
+        exit "${PIPESTATUS[0]}"
       ) || rc=1 ;;
     fullgraph)  # issue 34: a Kimi-Linear mixed step in one CUDA graph on vLLM's ops (FULL_GRAPH_ARGS: e.g. --shapes 8x256)
       rc=0

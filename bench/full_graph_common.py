@@ -54,6 +54,12 @@ def random_batch(rng: np.random.Generator, requests: int, tokens: int) -> tuple[
     return query, context
 
 
+def blocks_equal(a, b) -> bool:
+    """Two sets of layer states (per layer, the conv and recurrent state tensors) bit for bit, the
+    null block 0 left out: padded rows write there."""
+    return all(torch.equal(x[1:], y[1:]) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
+
+
 class Bench:
     """The model (``loop.Engine``'s weights, runner buffers and stock / chunkmeta builders) and
     a set of states per method."""
@@ -68,14 +74,9 @@ class Bench:
         self.kda_ops = KdaOps(
             ops.causal_conv1d_fn, ops.gather_initial_states, ops.chunk_kda_with_fused_gate, routing.router()
         )
-        self.buckets: dict[tuple, object] = {}
 
     def states_equal(self, a: str, b: str) -> bool:
-        """Every layer's conv and recurrent states, the null block 0 left out (padded rows write there)."""
-        ca, cb = self.engine.caches[a], self.engine.caches[b]
-        return all(
-            torch.equal(x[1:], y[1:]) for pa, pb in zip(ca, cb, strict=True) for x, y in zip(pa, pb, strict=True)
-        )
+        return blocks_equal(self.engine.caches[a], self.engine.caches[b])
 
     def conv_views(self, cache):
         conv_state = cache[0] if self.ops.conv_dim_first else cache[0].transpose(-1, -2)

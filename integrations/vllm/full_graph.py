@@ -216,34 +216,46 @@ def _kimi_ops() -> KdaOps:
     return KdaOps(causal_conv1d_fn, gather_initial_states, chunk_kda_with_fused_gate, router())
 
 
+def _bucket_of(layer):
+    """``(the layer's metadata, its bucket)`` for a step the graph-safe path serves, else None:
+    the metadata carries a staged bucket and has no spec rows."""
+    from vllm.forward_context import get_forward_context
+
+    metadata = get_forward_context().attn_metadata
+    m = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
+    bucket = getattr(m, "chunkmeta_mixed", None)
+    return None if bucket is None or m.spec_sequence_masks is not None else (m, bucket)
+
+
+def _conv_state(conv_state):
+    """The conv state as the conv kernels take it, ``(..., dim, width - 1)``."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    return conv_state if is_conv_state_dim_first() else conv_state.transpose(-1, -2)
+
+
 def kimi_forward(original):
     """``KimiGatedDeltaNetAttention._forward`` with the graph-safe mixed path; ``original`` is
     vLLM's (decorated with ``eager_break_during_capture``, whose wrapped function it calls for
     everything else). The result is decorated the same way, so piecewise capture still breaks
     around it."""
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
-    from vllm.forward_context import get_forward_context
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
     inner = getattr(original, "__wrapped__", original)
-    ops = []
+    ops = functools.cache(_kimi_ops)  # resolved on the first step served, once per patch
 
     @functools.wraps(inner)
     def _forward(self, mixed_qkv, g1, g2, beta, core_attn_out):
-        metadata = get_forward_context().attn_metadata
-        m = metadata.get(self.prefix) if isinstance(metadata, dict) else None
-        bucket = getattr(m, "chunkmeta_mixed", None)
-        if bucket is None or m.spec_sequence_masks is not None:
+        served = _bucket_of(self)
+        if served is None:
             return inner(self, mixed_qkv, g1, g2, beta, core_attn_out)
-        if not ops:
-            ops.append(_kimi_ops())
+        m, bucket = served
         conv_state, recurrent_state = self.kv_cache
-        if not is_conv_state_dim_first():
-            conv_state = conv_state.transpose(-1, -2)
+        conv_state = _conv_state(conv_state)
         weights = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         tokens = m.num_actual_tokens
         out = kda_mixed_forward(
-            ops[0],
+            ops(),
             bucket,
             mixed_qkv=mixed_qkv[:tokens],
             g1=g1[:, :tokens],
@@ -276,27 +288,18 @@ def qwen_forward_core(original):
     prefill backend only, as ``graph_unsafe`` requires); ``original`` is vLLM's, called for
     everything else. It runs inside vLLM's ``qwen_gdn_attention_core`` op, a splitting op of
     piecewise graphs."""
-    from vllm.forward_context import get_forward_context
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
-    ops = []
+    ops = functools.cache(_qwen_ops)  # resolved on the first step served, once per patch
 
     @functools.wraps(original)
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
-        metadata = get_forward_context().attn_metadata
-        m = metadata.get(self.prefix) if isinstance(metadata, dict) else None
-        bucket = getattr(m, "chunkmeta_mixed", None)
-        backend = getattr(self.chunk_gated_delta_rule, "gdn_prefill_backend", None)
-        if bucket is None or m.spec_sequence_masks is not None or backend != FLA_TRITON:
+        served = _bucket_of(self)
+        if served is None or getattr(self.chunk_gated_delta_rule, "gdn_prefill_backend", None) != FLA_TRITON:
             return original(self, mixed_qkv, b, a, core_attn_out)
-        if not ops:
-            ops.append(_qwen_ops())
+        m, bucket = served
         conv_state, ssm_state = self.kv_cache
-        if not is_conv_state_dim_first():
-            conv_state = conv_state.transpose(-1, -2)
         tokens = m.num_actual_tokens
         out = gdn_mixed_forward(
-            ops[0],
+            ops(),
             bucket,
             mixed_qkv=mixed_qkv[:tokens],
             a=a[:tokens],
@@ -304,7 +307,7 @@ def qwen_forward_core(original):
             conv_weight=self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2)),
             conv_bias=self.conv1d.bias,
             activation=self.activation,
-            conv_state=conv_state,
+            conv_state=_conv_state(conv_state),
             ssm_state=ssm_state,
             A_log=self.A_log,
             dt_bias=self.dt_bias,

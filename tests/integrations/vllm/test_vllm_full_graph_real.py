@@ -307,6 +307,19 @@ def _stand_in_layer(tokens, heads=2, head_dim=8):
     )
 
 
+def _record(monkeypatch, forward: str, heads_dim: tuple) -> list:
+    """``full_graph.<forward>`` replaced by a recorder of its calls that returns ones
+    ``[1, tokens, *heads_dim]``."""
+    calls = []
+
+    def recorded(ops, inputs, **kwargs):
+        calls.append((inputs, kwargs))
+        return torch.ones(1, kwargs["mixed_qkv"].shape[0], *heads_dim)
+
+    monkeypatch.setattr(full_graph, forward, recorded)
+    return calls
+
+
 def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cls, monkeypatch):
     from vllm.forward_context import override_forward_context
 
@@ -314,13 +327,7 @@ def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cl
     layer_cls = getattr(module, full_graph.KIMI_LAYER)
     forward = layer_cls.__dict__["_forward"]
     assert forward.__wrapped__.__qualname__ == f"chunkmeta.{full_graph.KIMI_LAYER}._forward"
-    calls = []
-
-    def recorded(ops, inputs, **kwargs):
-        calls.append((inputs, kwargs))
-        return torch.ones(1, kwargs["mixed_qkv"].shape[0], 2, 8)
-
-    monkeypatch.setattr(full_graph, "kda_mixed_forward", recorded)
+    calls = _record(monkeypatch, "kda_mixed_forward", (2, 8))
     builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
     bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
     layer = _stand_in_layer(BUCKET_TOKENS)
@@ -349,13 +356,7 @@ def test_qwen_layer_takes_the_graph_safe_path_with_fla_triton_only(configs, full
     module = importlib.import_module(full_graph.QWEN_LAYER_MODULE)  # wired by full_cls's install()
     forward_core = getattr(module, full_graph.QWEN_LAYER).__dict__["_forward_core"]
     assert forward_core.__qualname__ == f"chunkmeta.{full_graph.QWEN_LAYER}._forward_core"
-    calls = []
-
-    def recorded(ops, inputs, **kwargs):
-        calls.append((inputs, kwargs))
-        return torch.ones(1, kwargs["mixed_qkv"].shape[0], 4, 8)
-
-    monkeypatch.setattr(full_graph, "gdn_mixed_forward", recorded)
+    calls = _record(monkeypatch, "gdn_mixed_forward", (4, 8))
     builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
     bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
     layer = types.SimpleNamespace(

@@ -94,6 +94,16 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         summary="chunkmeta {chunkmeta[host_idle_p50]:.1f} µs; device {chunkmeta[device_us]:.2f} µs; "
         "fla_sync {fla_sync[host_idle_p50]:.0f} µs",
     ),
+    "gpu_ab": Family(
+        "Old and new tree side by side",
+        "bench/ab_compare.py: gpu_compare and step_tables run in two trees, alternating, several times in one "
+        "command; per chunkmeta method and workload the medians over each tree's runs, new / old (`floor`: the "
+        "launch floor, the runs' drift).",
+        rows="rows",
+        label="{kind} {workload} {method} {metric}",
+        summary="guard (new / old <= {limit}) met {guard_met}; worst {worst[ratio]:.3f} ({worst[kind]} "
+        "{worst[workload]} {worst[method]} {worst[metric]}); against {old_commit}",
+    ),
     "vllm_builders": Family(
         "vLLM's metadata builders",
         "bench/vllm_builders.py: host µs of one `build()` of vLLM 0.33.0's real builders, stock against "
@@ -288,13 +298,16 @@ def _span(texts: list[str]) -> str:
 
 def summary(family: Family, record: dict) -> str:
     """The history line: each of the family's summary formats over the record's rows (and, for
-    rows of named numbers, over one object of them, so that a format can name them)."""
+    rows of named numbers, over one object of them, so that a format can name them), else over
+    the record's figures."""
     rows = _rows(family, record["figures"])
     if rows and all(set(r) == {"key", "value"} for r in rows):
         rows.append({str(r["key"]): r["value"] for r in rows})
     items = []
     for fmt in filter(None, family.summary.split("; ")):
-        texts = [_format(fmt, row) for row in rows]
+        texts = [t for t in (_format(fmt, row) for row in rows) if t is not None]
+        # a format no row answers may name the record's top-level figures (gpu_ab's guard)
+        texts = texts or [t for t in [_format(fmt, record["figures"])] if t is not None]
         texts = [re.sub(r"\bTrue\b", "yes", re.sub(r"\bFalse\b", "NO", t)) for t in texts if t is not None]
         items += [_span(texts)] if texts else []
     return "; ".join(items).replace("|", "/") or "—"

@@ -72,7 +72,7 @@ from full_graph_common import (  # noqa: E402
 )
 from full_graph_exact import GdnCase, KdaCase, run_exact  # noqa: E402
 
-from chunkmeta.timing import interleaved_ms, median  # noqa: E402
+from chunkmeta.timing import device_us_per_call, interleaved_ms, median  # noqa: E402
 
 METHODS = ("vllm_piecewise", "chunkmeta_piecewise", "chunkmeta_full")
 
@@ -237,8 +237,12 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
     row["speedup_full"] = base / row["chunkmeta_full"]["ms_per_step"]
     row["speedup_piecewise"] = base / row["chunkmeta_piecewise"]["ms_per_step"]
     if cuda:  # after the comparisons: these steps move chunkmeta_full's states alone
-        row["chunkmeta_full_kernel_ms"] = device_ms(lambda: run("chunkmeta_full"), wait)
-        row["chunkmeta_full_over_kernels"] = row["chunkmeta_full"]["ms_per_step"] / row["chunkmeta_full_kernel_ms"]
+        kernel_ms, launches = device_profile(lambda: run("chunkmeta_full"), wait)
+        row["chunkmeta_full_kernel_ms"], row["chunkmeta_full_launches_per_step"] = kernel_ms, launches
+        row["chunkmeta_full_over_kernels"] = row["chunkmeta_full"]["ms_per_step"] / kernel_ms
+        # where the rest goes: the graph's own GPU time (its kernels and the gaps between its
+        # nodes) against the step's wall time (that plus staging, the replay's launch, the wait)
+        row["chunkmeta_full_replay_ms"] = device_us_per_call(full.replay, calls=5, lead_us=20000, repeats=3) / 1e3
     return row
 
 
@@ -345,7 +349,7 @@ def run_decode(bench: Bench, requests: int, steps: int, seed: int, mode: str) ->
     for method in DECODE_METHODS:
         row[method] = {"ms_per_step": median(times[method])}
         if cuda:
-            row[method]["device_ms"] = device_ms(lambda method=method: run(method), wait)
+            row[method]["device_ms"] = device_profile(lambda method=method: run(method), wait)[0]
     row["chunkmeta_over_vllm"] = row["chunkmeta_full"]["ms_per_step"] / row["vllm_full_decode"]["ms_per_step"]
     return row
 
@@ -371,9 +375,10 @@ def targets(rows: list[dict]) -> dict:
     }
 
 
-def device_ms(step, wait, repeats: int = 3) -> float:
-    """The GPU's own time in one ``step`` (torch.profiler: every kernel, copy and fill, graph
-    replays included), the mean of ``repeats``: what a step that is not host-bound takes."""
+def device_profile(step, wait, repeats: int = 3) -> tuple[float, float]:
+    """``(ms, launches)``: the GPU's own time in one ``step`` (torch.profiler: every kernel, copy
+    and fill, graph replays included) and how many of those it ran, the means of ``repeats``:
+    what a step that is not host-bound takes, gaps between kernels left out."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -382,8 +387,8 @@ def device_ms(step, wait, repeats: int = 3) -> float:
         for _ in range(repeats):
             step()
         wait()
-    total_us = sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return total_us / 1e3 / repeats
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.device_time for e in events) / 1e3 / repeats, len(events) / repeats
 
 
 def format_tables(figures: dict, device: str) -> str:
@@ -410,7 +415,8 @@ def format_tables(figures: dict, device: str) -> str:
         "## steps",
         "",
         "| requests x tokens | vllm_piecewise ms | chunkmeta_piecewise ms | chunkmeta_full ms | full speed-up | "
-        "full / its kernels | syncs (vllm / cm pw / cm full) | capture s | graph MiB | outputs / states equal |",
+        "full / its kernels (kernel ms, launches; the graph's GPU ms) | syncs (vllm / cm pw / cm full) | "
+        "capture s | graph MiB | outputs / states equal |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in figures["steps"]:
@@ -420,7 +426,12 @@ def format_tables(figures: dict, device: str) -> str:
         syncs = " / ".join("n/a" if r[m]["syncs_per_step"] is None else str(r[m]["syncs_per_step"]) for m in METHODS)
         mib = "n/a" if r["chunkmeta_full_graph_bytes"] is None else f"{r['chunkmeta_full_graph_bytes'] / 2**20:.0f}"
         cap = "n/a" if r["chunkmeta_full_capture_s"] is None else f"{r['chunkmeta_full_capture_s']:.2f}"
-        over = f"{r['chunkmeta_full_over_kernels']:.2f}x" if "chunkmeta_full_over_kernels" in r else "n/a"
+        over = "n/a"
+        if "chunkmeta_full_over_kernels" in r:
+            over = (
+                f"{r['chunkmeta_full_over_kernels']:.2f}x ({r['chunkmeta_full_kernel_ms']:.3f} ms in "
+                f"{r['chunkmeta_full_launches_per_step']:.0f} kernels; graph {r['chunkmeta_full_replay_ms']:.3f} ms)"
+            )
         lines.append(
             f"| {r['requests']} x {r['tokens']} | {r['vllm_piecewise']['ms_per_step']:.3f} | "
             f"{r['chunkmeta_piecewise']['ms_per_step']:.3f} | {r['chunkmeta_full']['ms_per_step']:.3f} | "

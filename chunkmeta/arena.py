@@ -39,6 +39,8 @@ _ALIGN = 16  # every region starts 16-byte aligned, as the block the first build
 class _DeviceBlock:
     """One device block and its typed aliases (a table is then one slice)."""
 
+    __slots__ = ("bytes", "i32", "i64", "pairs32", "pairs64", "size", "used")
+
     def __init__(self, device: torch.device, nbytes: int):
         with torch.inference_mode():  # views of inference tensors are cheap (chunkmeta.ring.TABLE_MEMORY)
             self.bytes = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -46,6 +48,7 @@ class _DeviceBlock:
             self.i64 = self.bytes.view(torch.int64)
             self.pairs32 = self.i32.view(-1, 2)
             self.pairs64 = self.i64.view(-1, 2)
+        self.size = nbytes
         self.used = 0
 
 
@@ -61,33 +64,42 @@ class Arena:
         self._lock = threading.Lock()
         self._block: _DeviceBlock | None = None
         self._host: torch.Tensor | None = None
-        self._host_used = 0
+        self._host_used = self._host_size = 0
 
     def take(self, num_seqs: int, num_chunks: int, offsets_at: int, indices_at: int, indices64: bool, region=False):
         """``(chunk_offsets int64 [N+1], cu_seqlens int32 [N+1], chunk_indices [NT, 2])`` on the
         device, in one region laid out with ``chunk_offsets`` at byte ``offsets_at`` and
         ``chunk_indices`` (int64 with ``indices64``) at ``indices_at`` from ``cu_seqlens``, and
         ``cu_seqlens_cpu`` int32 ``[N+1]`` on the host, none of them handed out before; with
-        ``region``, the region's bytes too (what a Python launch passes)."""
-        seqs, rows = num_seqs + 1, num_chunks
-        span = -(-(indices_at + rows * (16 if indices64 else 8)) // _ALIGN) * _ALIGN
+        ``region``, the region's bytes too (what a Python launch passes).
+
+        The one-shot's C build calls this every build: its four slices are most of its host time,
+        so the rest is kept to shifts and slot reads (issue 33's A/B on an H100 measured the
+        one-shot 0.9 us slower than the old arena's, gpu_ab records)."""
+        seqs = num_seqs + 1
+        span = (indices_at + num_chunks * (16 if indices64 else 8) + _ALIGN - 1) & -_ALIGN
         host_span = (seqs + 3) & ~3
         with self._lock:  # two threads must not get the same slice
             block = self._block
-            if block is None or block.used + span > block.bytes.shape[0]:
+            if block is None or block.used + span > block.size:
                 block = self._new_block(max(span, self.block_bytes))
-            if self._host is None or self._host_used + host_span > self._host.shape[0]:
+            h = self._host_used
+            if h + host_span > self._host_size:
                 self._new_host(max(host_span, self.host_entries))
-            at, h = block.used, self._host_used
-            block.used, self._host_used = at + span, h + host_span
+                h = 0
+            at = block.used
+            block.used = at + span
+            self._host_used = h + host_span
             host = self._host
-        cu = block.i32[at // 4 : at // 4 + seqs]
-        offsets = block.i64[(at + offsets_at) // 8 : (at + offsets_at) // 8 + seqs]
+        # at is 16-byte aligned, offsets_at 8-byte and indices_at 16-byte (tables.one_shot_layout)
+        o, c = (at + offsets_at) >> 3, at >> 2
         if indices64:
-            indices = block.pairs64[(at + indices_at) // 16 : (at + indices_at) // 16 + rows]
+            i = (at + indices_at) >> 4
+            indices = block.pairs64[i : i + num_chunks]
         else:
-            indices = block.pairs32[(at + indices_at) // 8 : (at + indices_at) // 8 + rows]
-        made = offsets, cu, indices, host[h : h + seqs]
+            i = (at + indices_at) >> 3
+            indices = block.pairs32[i : i + num_chunks]
+        made = block.i64[o : o + seqs], block.i32[c : c + seqs], indices, host[h : h + seqs]
         return (*made, block.bytes[at : at + span]) if region else made
 
     def blocks(self) -> list[torch.Tensor]:
@@ -103,7 +115,7 @@ class Arena:
         self.blocks_made += 1
         with torch.inference_mode():
             self._host = torch.empty(entries, dtype=torch.int32)
-        self._host_used = 0
+        self._host_used, self._host_size = 0, entries
 
 
 _ARENAS: dict[tuple, Arena] = {}

@@ -102,9 +102,11 @@ PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   static PyObject *take = NULL;
   PyObject *n_obj = PyLong_FromLongLong(p.n), *nt_obj = PyLong_FromLongLong(p.counts[0]), *outputs = NULL;
   PyObject *where[2] = {PyLong_FromLongLong(st->off[0][2]), PyLong_FromLongLong(st->off[0][1])};
-  if (n_obj && nt_obj && where[0] && where[1] && (take || (take = PyUnicode_InternFromString("take"))))
-    outputs = PyObject_CallMethodObjArgs(args[1], take, n_obj, nt_obj, where[0], where[1],
-                                         st->flag[0] & FLA_INDICES_64 ? Py_True : Py_False, NULL);
+  if (n_obj && nt_obj && where[0] && where[1] && (take || (take = PyUnicode_InternFromString("take")))) {
+    /* vectorcall: no argument tuple (this call is most of a one-shot's host time) */
+    PyObject *call[6] = {args[1], n_obj, nt_obj, where[0], where[1], st->flag[0] & FLA_INDICES_64 ? Py_True : Py_False};
+    outputs = PyObject_VectorcallMethod(take, call, 6, NULL);
+  }
   Py_XDECREF(where[0]);
   Py_XDECREF(where[1]);
   uint64_t at[4];

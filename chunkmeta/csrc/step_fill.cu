@@ -93,6 +93,14 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   /* the padding's token end; an exact layout has no padding (and no load for it) */
   const long long num_tokens = PADDED ? (long long)(q[n] - base) : 0;
   QSL_T starts[ROUNDS], stops[ROUNDS];
+  /* a MAMBA2 / LOGICAL row needs its sequence's start, length and position (and checkpoint):
+     kept in shared memory from the loads below, so that a row reads them there after its
+     search, not from global memory (a dependent load on the rows' critical path, which made the
+     Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
+     Relative token positions and lengths fit int32 (host-validated). */
+  constexpr bool row_spans = kind == MAMBA2 || kind == LOGICAL;
+  __shared__ int span_start[row_spans ? SEQ_LANES : 1], span_len[row_spans ? SEQ_LANES : 1];
+  __shared__ long long span_pos[row_spans ? SEQ_LANES : 1], span_cut[split ? SEQ_LANES : 1];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
@@ -107,7 +115,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
     int c = 0;
-    if (base_kind == 0 && !split) {
+    if (base_kind == 0 && !split && !row_spans) {
       /* chunks from the sequence's own first token (FLA, conv): 32-bit, since at 4096 sequences
          the scan's instructions are the kernel's time (16 warps an SM); lengths fit int32
          (host-validated), so the unsigned add cannot wrap */
@@ -118,6 +126,12 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
           base_kind == 1 ? (long long)(starts[k] - base) : (long long)computed[first + s];
       const long long cut = split ? (long long)checkpoints[first + s] : 0;
       c = (int)sequence_chunk_count(pos, (long long)(stops[k] - starts[k]), cut, shift);
+      if (row_spans) {
+        span_start[s] = (int)(starts[k] - base);
+        span_len[s] = (int)(stops[k] - starts[k]);
+        span_pos[s] = pos;
+        if (split) span_cut[s] = cut;
+      }
     }
     count[k] = run[k] = c;
   }
@@ -222,15 +236,14 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     } else if (kind == MAMBA2 || kind == LOGICAL) {
       long long start = 0, stop = 0, row_start = 0, pos = 0;
       if (real) {
-        row_start = q[seq];
-        long long len = (long long)q[seq + 1] - row_start;
-        pos = base_kind == 1 ? row_start - base : (long long)computed[first + seq];
-        const ChunkSpan span = chunk_span(pos, len, split ? (long long)checkpoints[first + seq] : 0, shift, chunk);
+        row_start = span_start[seq]; /* from the slice's first token */
+        pos = span_pos[seq];
+        const ChunkSpan span = chunk_span(pos, span_len[seq], split ? span_cut[seq] : 0, shift, chunk);
         start = span.start;
         stop = span.stop;
       }
       if (kind == MAMBA2) {
-        ((int *)(arena + entry_table[J][OFF0]))[1 + r] = (int)(real ? row_start - base + stop - pos : num_tokens);
+        ((int *)(arena + entry_table[J][OFF0]))[1 + r] = (int)(real ? row_start + stop - pos : num_tokens);
         ((int *)(arena + entry_table[J][OFF1]))[r] = real ? seq : (int)entry_table[J][PAD0];
       } else {
         ((int *)(arena + entry_table[J][OFF0]))[r] = real ? (int)(start >> shift) : (int)entry_table[J][PAD0];

@@ -142,3 +142,42 @@ def test_validate_refuses_a_bad_record(change, error):
     record = results.make_record("stress", {}, command="python bench/stress.py", commit="abc", device={})
     with pytest.raises(ValueError, match=error):
         results.validate({**record, **change})
+
+
+def _tables_record(kind, device_us, host_us, floor_us):
+    """A gpu_compare or step_tables record of one workload with chunkmeta, floor and an anchor."""
+    if kind == "gpu_compare":
+        methods = {
+            "chunkmeta": {"host_idle_p50": host_us, "device_us": device_us},
+            "floor": {"host_idle_p50": 20.0, "device_us": floor_us},
+            "fla_sync": {"host_idle_p50": 300.0, "device_us": 200.0},
+            "_workload": "1x4k",
+        }
+        figures = {"results": {"1x4k": methods}}
+    else:
+        methods = {"chunkmeta_mamba2": {"host_idle_us": host_us, "device_us": device_us}}
+        figures = {"rows": [{"decodes": 0, "prefills": 2, "tokens": 64, "methods": methods}]}
+    return results.make_record(kind, figures, command="x", commit="c", device={"gpu": "g"})
+
+
+def test_ab_compare_takes_medians_per_tree_and_guards_chunkmeta_only():
+    import ab_compare
+
+    new = [_tables_record("gpu_compare", d, 6.0, 2.0) for d in (2.0, 2.1, 9.0)]  # one outlier run
+    old = [_tables_record("gpu_compare", d, 8.0, 1.0) for d in (2.0, 2.0, 2.0)]
+    new += [_tables_record("step_tables", 3.3, 5.0, 0)]
+    old += [_tables_record("step_tables", 3.0, 5.0, 0)]
+    figures = ab_compare.compare({"new": new, "old": old}, 1.05)
+    rows = {(r["kind"], r["method"], r["metric"]): r for r in figures["rows"]}
+    assert rows[("gpu_compare", "chunkmeta", "device_us")]["ratio"] == 1.05  # the median, 2.1 / 2.0
+    assert rows[("gpu_compare", "chunkmeta", "device_us")]["runs"] == [3, 3]
+    assert rows[("gpu_compare", "chunkmeta", "host_p50_us")]["ratio"] == 0.75
+    assert rows[("gpu_compare", "floor", "device_us")]["ratio"] == 2.0  # shown, not guarded
+    assert not any(m == "fla_sync" for _, m, _ in rows)
+    assert figures["worst"]["method"] == "chunkmeta_mamba2" and figures["worst"]["ratio"] == 1.1
+    assert not figures["guard_met"]
+    assert [r["method"] for r in figures["over_limit"]] == ["chunkmeta_mamba2"]
+    figures = ab_compare.compare({"new": new[:3], "old": old[:3]}, 1.05)
+    assert figures["guard_met"]  # at the limit is within it
+    record = results.make_record("gpu_ab", {"old_commit": "o", **figures}, command="x", commit="c", device={})
+    assert "met yes" in render.summary(render.FAMILIES["gpu_ab"], record)

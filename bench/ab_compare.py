@@ -1,0 +1,151 @@
+"""Two trees' GPU benchmarks side by side, in alternating runs: issue 33's performance guard.
+
+    python3 bench/ab_compare.py --old DIR --new DIR --out OUT [--pairs 3] [--rounds 10]
+                                [--stages "bench steptables"] [--old-commit SHA] [--new-commit SHA]
+
+Runs ``bash bench/run_gpu.sh <stages>`` in each tree, ``--pairs`` times each, alternating the
+order (new old, old new, new old, ...), each run a fresh process. A single old/new pair in one
+command is not enough for a 5% guard: the launch floor itself moved 6% between two such runs on
+an H100 (gpu_compare@2026-12-05T22:57:04Z / 22:58:05Z: 2.04 against 1.92 µs), and alternating the
+order puts drift (clocks, the machine's other tenants) on both trees alike.
+
+Writes ``OUT/runs.jsonl``: every run's records (the old tree's marked as experiments, since they
+do not measure the current code) and one ``gpu_ab`` record. For every chunkmeta method and
+workload of ``gpu_compare`` and ``step_tables``, its rows hold the median over the runs of each
+tree of the host p50 (queue idle) and the device µs, the ratio new / old, and the floors'
+(``floor``: vLLM-style launches of a trivial kernel, not chunkmeta) as the drift's yardstick.
+``guard_met``: every chunkmeta ratio at most ``--limit`` (1.05). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import results as runs  # the record format
+
+# (record kind, metric in its figures, the name the guard gives it)
+METRICS = {
+    "gpu_compare": (("host_idle_p50", "host_p50_us"), ("device_us", "device_us")),
+    "step_tables": (("host_idle_us", "host_p50_us"), ("device_us", "device_us")),
+}
+FLOOR = "floor"
+
+
+def method_figures(record: dict):
+    """``(workload, method, figures)`` of every method of a gpu_compare or step_tables record."""
+    f = record["figures"]
+    if record["kind"] == "gpu_compare":
+        for workload, methods in f["results"].items():
+            for method, figures in methods.items():
+                if isinstance(figures, dict) and not method.startswith("_"):
+                    yield workload, method, figures
+    elif record["kind"] == "step_tables":
+        for row in f["rows"]:
+            workload = f"{row['decodes']}+{row['prefills']}x{row['tokens']}"
+            for method, figures in row["methods"].items():
+                yield workload, method, figures
+
+
+def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
+    """The ``gpu_ab`` figures from each tree's records (a list of runs' records per tree)."""
+    values: dict[tuple, dict[str, list[float]]] = {}
+    for tree, records in records_by_tree.items():
+        for record in records:
+            for workload, method, figures in method_figures(record):
+                if not (method.startswith("chunkmeta") or method == FLOOR):
+                    continue
+                for key, metric in METRICS[record["kind"]]:
+                    if figures.get(key) is not None:
+                        cell = values.setdefault((record["kind"], workload, method, metric), {})
+                        cell.setdefault(tree, []).append(float(figures[key]))
+    rows = []
+    for (kind, workload, method, metric), cell in values.items():
+        if "new" not in cell or "old" not in cell:
+            continue  # a method only one tree has
+        new, old = statistics.median(cell["new"]), statistics.median(cell["old"])
+        rows.append(
+            {
+                "kind": kind,
+                "workload": workload,
+                "method": method,
+                "metric": metric,
+                "new": round(new, 3),
+                "old": round(old, 3),
+                "ratio": round(new / old, 4) if old else None,
+                "runs": [len(cell["new"]), len(cell["old"])],
+            }
+        )
+    guarded = [r for r in rows if r["method"] != FLOOR and r["ratio"] is not None]
+    worst = max(guarded, key=lambda r: r["ratio"], default=None)
+    return {
+        "limit": limit,
+        "rows": rows,
+        "worst": worst,
+        "over_limit": [r for r in guarded if r["ratio"] > limit],
+        "guard_met": bool(guarded) and all(r["ratio"] <= limit for r in guarded),
+    }
+
+
+def run_tree(tree: Path, stages: list[str], out: Path, env: dict) -> list[dict]:
+    """One ``run_gpu.sh`` run in ``tree``; its records (none if it wrote none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["bash", "bench/run_gpu.sh", *stages], cwd=tree, env={**os.environ, **env, "OUT": str(out)})
+    path = out / "runs.jsonl"
+    records = runs.load(path) if path.exists() else []
+    print(f"{tree} -> rc {done.returncode}, {len(records)} records", flush=True)
+    return records
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", type=Path, required=True, help="the old tree")
+    parser.add_argument("--new", type=Path, default=Path("."), help="the new tree (default: here)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10, help="ROUNDS for each run")
+    parser.add_argument("--stages", default="bench steptables")
+    parser.add_argument("--old-commit", default="old")
+    parser.add_argument("--new-commit", default=None, help="default: the checkout's (CHUNKMETA_COMMIT)")
+    parser.add_argument("--limit", type=float, default=1.05)
+    args = parser.parse_args(argv)
+    new_commit = args.new_commit or runs.checkout_commit()
+    trees = {"new": (args.new.resolve(), new_commit), "old": (args.old.resolve(), args.old_commit)}
+    stages = args.stages.split()
+    scratch = Path(tempfile.mkdtemp())
+    by_tree: dict[str, list[dict]] = {"new": [], "old": []}
+    experiment = f"the old tree ({args.old_commit}) of an A/B against {new_commit}: not the current code"
+    command = f"python bench/ab_compare.py --pairs {args.pairs} --rounds {args.rounds} --stages '{args.stages}'"
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    for pair in range(args.pairs):
+        for tree in ("new", "old") if pair % 2 == 0 else ("old", "new"):
+            path, commit = trees[tree]
+            env = {"CHUNKMETA_COMMIT": commit, "ROUNDS": str(args.rounds)}
+            made = run_tree(path, stages, scratch / f"{tree}{pair}", env)
+            for record in made if tree == "old" else ():
+                record["experiment"] = experiment
+            by_tree[tree] += made
+            # written after every run: a call cut short by its time limit still returns its runs
+            figures = {"pairs": pair + 1, "rounds": args.rounds, "stages": stages, "old_commit": args.old_commit}
+            figures.update(compare(by_tree, args.limit))
+            ab = runs.make_record("gpu_ab", figures, command=command, commit=new_commit)
+            every = by_tree["new"] + by_tree["old"] + ([ab] if figures["rows"] else [])
+            (args.out / "runs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in every))
+    worst = figures["worst"]
+    print(f"gpu_ab: guard {'met' if figures['guard_met'] else 'NOT met'} (limit {args.limit}); worst {worst}")
+    for row in sorted(figures["rows"], key=lambda r: -(r["ratio"] or 0))[:25]:
+        print(f"  {row['kind']:12s} {row['workload']:16s} {row['method']:30s} {row['metric']:12s} "
+              f"new {row['new']:9.3f} old {row['old']:9.3f} ratio {row['ratio']}")  # fmt: skip
+    return 0 if figures["rows"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

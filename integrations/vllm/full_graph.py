@@ -7,16 +7,19 @@ graphs.
   (``graph_unsafe``: Kimi-Linear; Qwen3-Next / Qwen3.5 with the FLA-triton prefill backend; no
   speculative decoding), vLLM's own level otherwise (vLLM keeps a user's ``cudagraph_mode=FULL``
   only if every KV-cache group's builder says ``ALWAYS``: config/compilation.py:1394-1419);
-  ``build_for_cudagraph_capture`` makes one ``MixedStepInputs`` bucket per captured batch shape
-  ``(num_actual_tokens, num_reqs)`` (vLLM's FULL keys pad both: gpu_model_runner.py:4047, 4107)
-  without the stock decode-size assert (gdn_attn.py:799-808), when the captures are of mixed
-  batches (``cudagraph_mode=FULL``; a separate decode routine keeps vLLM's capture); ``build`` stages every batch of a
-  bucket's shape into it (one fill launch, the runner's values copied in) and hands it to the
-  layers as ``metadata.chunkmeta_mixed``.
+  ``build_for_cudagraph_capture`` makes one ``MixedStepInputs`` bucket per captured mixed batch
+  shape ``(num_actual_tokens, num_reqs)`` (vLLM's FULL keys pad both: gpu_model_runner.py:4047,
+  4107) without the stock decode-size assert (gdn_attn.py:799-808); ``build`` stages every batch
+  of a bucket's shape into it (one fill launch, the runner's values copied in) and hands it to
+  the layers as ``metadata.chunkmeta_mixed``.
+* Which batches are mixed captures: under ``cudagraph_mode=FULL`` (one routine) every batch, the
+  decode-only ones too, which then run the chunked path. Under ``FULL_AND_PIECEWISE`` (vLLM's
+  default) ``mixed_full_keys`` adds FULL keys for mixed batches beside vLLM's FULL decode graphs:
+  batches with a prefill replay a bucket's graph, decode-only ones keep vLLM's decode kernels
+  and capture (``FullGraphBuilderMixin._vllm_decode_routine``).
 * ``kimi_forward`` / ``qwen_forward_core``: ``KimiGatedDeltaNetAttention._forward`` and
   ``QwenGatedDeltaNetAttention._forward_core`` taking the graph-safe non-spec path
-  (``mixed_step``) whenever their metadata carries a bucket, the decode-only steps of a bucket too
-  (under FULL they replay the same graph); anything else is vLLM's own method.
+  (``mixed_step``) whenever their metadata carries a bucket; anything else is vLLM's own method.
 
 Steps that are not a bucket's shape (larger than every capture size, or eager runs) keep vLLM's
 path. The GEMMs, norms and the other groups' attention are vLLM's to capture: the whole model
@@ -44,6 +47,8 @@ KIMI_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 KIMI_LAYER = "KimiGatedDeltaNetAttention"
 QWEN_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 QWEN_LAYER = "QwenGatedDeltaNetAttention"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+RUNNER = "GPUModelRunner"
 # The models whose linear-attention layers this module patches (vLLM's architecture names). A
 # GDN-family builder of any other model (Kimi-K3, GLM5-next, OLMo-Hybrid, Bailing-V3) keeps
 # vLLM's support level: its unpatched layers branch on host counts, which a capture would freeze.
@@ -111,19 +116,21 @@ class FullGraphBuilderMixin:
     def _mixed_active(self) -> bool:
         return self.chunkmeta is not None and self._chunkmeta_unsafe is None
 
-    def _mixed_full_graphs(self) -> bool:
-        """Whether vLLM captures mixed batches in FULL graphs: ``cudagraph_mode=FULL`` (one routine).
-        Under ``FULL_AND_PIECEWISE`` / ``FULL_DECODE_ONLY`` its FULL captures are the decode
-        routine's, which keeps vLLM's decode kernels (read at capture: vLLM settles the mode
-        after it has made the builders, from their support levels)."""
-        from vllm.config.compilation import CUDAGraphMode
-
+    def _vllm_decode_routine(self, m) -> bool:
+        """Whether a batch is one vLLM's FULL decode routine serves with its own decode kernels:
+        under ``FULL_AND_PIECEWISE`` / ``FULL_DECODE_ONLY`` (a separate decode routine), a batch
+        of one-token requests (vLLM's uniform decode: its dummy runs give the mixed captures
+        ``max_query_len = num_tokens``, the decode ones 1, gpu_model_runner.py:5519). Under
+        ``cudagraph_mode=FULL`` (one routine) every batch replays a mixed graph. Read per batch:
+        vLLM settles the mode after it has made the builders, from their support levels."""
         mode = getattr(self.vllm_config.compilation_config, "cudagraph_mode", None)
-        return mode is not None and mode.mixed_mode() == CUDAGraphMode.FULL
+        return mode is not None and mode.separate_routine() and m.max_query_len <= 1
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
+        # FULL captures: vLLM's decode routine's (its decode kernels), or mixed batches' (one
+        # routine under FULL; beside the decode routine where mixed_full_keys added their keys)
         m = common_attn_metadata
-        if not (self._mixed_active() and self._mixed_full_graphs()):
+        if not self._mixed_active() or self._vllm_decode_routine(m):
             return super().build_for_cudagraph_capture(m)
         key = (m.num_actual_tokens, m.num_reqs)
         if key not in self.chunkmeta_buckets:
@@ -145,7 +152,7 @@ class FullGraphBuilderMixin:
         args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
         m = common_attn_metadata
         bucket = self.chunkmeta_buckets.get((m.num_actual_tokens, m.num_reqs)) if self.chunkmeta_buckets else None
-        if bucket is None:  # nothing captured, or not a captured shape: one dict read per step
+        if bucket is None or self._vllm_decode_routine(m):  # nothing captured, not a captured shape, a decode graph's
             return super().build(*args)
         self._chunkmeta_pending = (bucket, m)
         try:
@@ -321,22 +328,77 @@ def qwen_forward_core(original):
     return _forward_core
 
 
-def _layer_wiring(patches, layer_name: str, method: str, make):
+def add_mixed_full_keys(dispatcher, vllm_config, attention_backends, kv_cache_groups) -> int:
+    """Under ``FULL_AND_PIECEWISE`` (vLLM's FULL decode graphs, piecewise mixed ones), FULL keys
+    for mixed batches too, the ones ``cudagraph_mode=FULL`` would have (vLLM's
+    ``_create_padded_batch_descriptor``: ``(size, min(size, max_num_seqs))``, not uniform), when
+    every attention group's builder supports ``ALWAYS`` and a graph-safe chunkmeta builder is
+    among them. Mixed batches then replay one FULL graph each (a bucket's, ``mixed_step``) and
+    decode-only batches keep vLLM's FULL decode graphs and kernels: under ``FULL`` they replay the
+    mixed graph's chunked path, 2.5-4.0x slower (``vllm_full_graph@2026-12-05T23:02:36Z``). The
+    dispatcher checks FULL keys before PIECEWISE ones (cudagraph_dispatcher.py:315-320), so the
+    piecewise graphs of those sizes stay captured but unused. Returns the keys added."""
+    from itertools import product
+
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
+        return 0
+    builders = [
+        (backend.get_builder_cls(), group.kv_cache_spec)
+        for backends, group in zip(attention_backends, kv_cache_groups, strict=True)
+        for backend in backends
+    ]
+    safe = any(issubclass(cls, FullGraphBuilderMixin) for cls, _ in builders) and graph_unsafe(vllm_config) is None
+    every = all(cls.get_cudagraph_support(vllm_config, spec) == AttentionCGSupport.ALWAYS for cls, spec in builders)
+    if not (safe and every):
+        return 0
+    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or ()
+    added = 0
+    for size, loras in product(sizes, dispatcher._get_lora_cases()):
+        key = dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
+        if key not in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]:
+            dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
+            added += 1
+    logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", added)
+    return added
+
+
+def mixed_full_keys(original):
+    """``GPUModelRunner._check_and_update_cudagraph_mode`` (vLLM settles the mode and makes the
+    dispatcher's keys), then ``add_mixed_full_keys``."""
+
+    @functools.wraps(original)
+    def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups, *args, **kwargs):
+        original(self, attention_backends, kv_cache_groups, *args, **kwargs)
+        add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, attention_backends, kv_cache_groups)
+
+    _check_and_update_cudagraph_mode.__qualname__ = f"chunkmeta.{RUNNER}._check_and_update_cudagraph_mode"
+    return _check_and_update_cudagraph_mode
+
+
+def _method_wiring(patches, class_name: str, method: str, make, does: str):
     def wire(module):
-        layer = getattr(module, layer_name, None)
-        if not isinstance(layer, type) or not callable(layer.__dict__.get(method)):
-            raise ChunkMetaError(f"{module.__name__} has no {layer_name}.{method}")
-        if patches.current(layer, method) is None:
-            patches.apply(layer, method, make(layer.__dict__[method]))
-        logger.info("chunkmeta: %s.%s takes the graph-safe mixed path on captured buckets", layer_name, method)
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type) or not callable(cls.__dict__.get(method)):
+            raise ChunkMetaError(f"{module.__name__} has no {class_name}.{method}")
+        if patches.current(cls, method) is None:
+            patches.apply(cls, method, make(cls.__dict__[method]))
+        logger.info("chunkmeta: %s.%s %s", class_name, method, does)
 
     return wire
 
 
 def layer_wiring(patches) -> dict:
-    """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward`` and Qwen's
-    ``_forward_core`` patched over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward``, Qwen's
+    ``_forward_core`` and the model runner's ``_check_and_update_cudagraph_mode`` patched over
+    vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    layers = "takes the graph-safe mixed path on captured buckets"
     return {
-        KIMI_LAYER_MODULE: _layer_wiring(patches, KIMI_LAYER, "_forward", kimi_forward),
-        QWEN_LAYER_MODULE: _layer_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core),
+        KIMI_LAYER_MODULE: _method_wiring(patches, KIMI_LAYER, "_forward", kimi_forward, layers),
+        QWEN_LAYER_MODULE: _method_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core, layers),
+        RUNNER_MODULE: _method_wiring(
+            patches, RUNNER, "_check_and_update_cudagraph_mode", mixed_full_keys, "adds FULL keys for mixed batches"
+        ),
     }

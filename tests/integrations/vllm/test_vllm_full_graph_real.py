@@ -98,12 +98,14 @@ def padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded
     return m.replace(num_actual_tokens=num_tokens_padded, max_query_len=max(max(query), 1))
 
 
-def capture_metadata(tokens, reqs):
-    """vLLM's dummy capture batch: ``tokens`` spread over ``reqs`` requests, seq_len == query_len."""
+def capture_metadata(tokens, reqs, uniform=False):
+    """vLLM's dummy capture batch: ``tokens`` spread over ``reqs`` requests, seq_len == query_len,
+    ``max_query_len`` 1 for a uniform decode capture and ``tokens`` for a mixed one, whatever
+    the spread (gpu_model_runner.py:5519)."""
     per, extra = divmod(tokens, reqs)
     query = [per + (i < extra) for i in range(reqs)]
     m = vllm_real_batches.common_metadata(query, [0] * reqs, DEVICE)
-    return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool))
+    return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool), max_query_len=1 if uniform else tokens)
 
 
 def random_mixed(rng, reqs_max, tokens_max):
@@ -127,6 +129,7 @@ def test_off_by_default(configs, monkeypatch):
     for name, layer, method in (
         (full_graph.KIMI_LAYER_MODULE, full_graph.KIMI_LAYER, "_forward"),
         (full_graph.QWEN_LAYER_MODULE, full_graph.QWEN_LAYER, "_forward_core"),
+        (full_graph.RUNNER_MODULE, full_graph.RUNNER, "_check_and_update_cudagraph_mode"),
     ):
         patched = getattr(importlib.import_module(name), layer).__dict__[method]
         assert "chunkmeta" not in getattr(patched, "__wrapped__", patched).__qualname__
@@ -147,15 +150,97 @@ def test_support_is_always_for_patched_layers_only(configs, full_cls, caplog):
             assert not hasattr(capture, "chunkmeta_mixed") and builder.chunkmeta_buckets == {}
 
 
-def test_decode_routines_keep_vllms_capture(configs, full_cls, monkeypatch):
-    """Under FULL_AND_PIECEWISE (vLLM's default) FULL graphs are the decode routine's: they keep
-    vLLM's decode kernels, and mixed batches its piecewise graphs; no bucket is made."""
+def test_decode_routines_keep_vllms_capture_and_kernels(configs, full_cls, monkeypatch):
+    """Under FULL_AND_PIECEWISE (vLLM's default) the decode routine's FULL captures and its
+    decode-only batches are vLLM's (its decode kernels), mixed captures (the keys
+    ``add_mixed_full_keys`` adds) and batches with a prefill a bucket's."""
     monkeypatch.setattr(configs[False].compilation_config, "cudagraph_mode", CUDAGraphMode.FULL_AND_PIECEWISE)
     builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
-    decode = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS))
+    decode = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS, uniform=True))
     assert not hasattr(decode, "chunkmeta_mixed") and builder.chunkmeta_buckets == {}
-    with pytest.raises(AssertionError, match="decode-only full CUDAGraph"):  # vLLM's own capture builder
-        builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+    # a mixed capture of the same shape (one-token requests, as vLLM spreads a small size) is a bucket
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(MAX_NUM_SEQS, MAX_NUM_SEQS)).chunkmeta_mixed
+    assert builder.chunkmeta_buckets == {(MAX_NUM_SEQS, MAX_NUM_SEQS): bucket}
+    steps = builder.chunkmeta_mixed_steps
+    decodes = builder.build(0, padded_metadata([1] * 5, [40, 41, 42, 43, 44], MAX_NUM_SEQS, MAX_NUM_SEQS))
+    want = gdn_attn.GDNAttentionMetadataBuilder(SPEC, LAYERS, configs[False], DEVICE).build(
+        0, padded_metadata([1] * 5, [40, 41, 42, 43, 44], MAX_NUM_SEQS, MAX_NUM_SEQS)
+    )
+    assert not hasattr(decodes, "chunkmeta_mixed") and builder.chunkmeta_mixed_steps == steps
+    assert torch.equal(decodes.non_spec_state_indices_tensor, want.non_spec_state_indices_tensor)
+    mixed = builder.build(0, padded_metadata([1, 1, 7], [40, 41, 0], MAX_NUM_SEQS, MAX_NUM_SEQS))
+    assert mixed.chunkmeta_mixed is bucket and builder.chunkmeta_mixed_steps == steps + 1
+
+
+def _runner(config, backends):
+    """What ``GPUModelRunner._check_and_update_cudagraph_mode`` reads of its runner, around vLLM's
+    real dispatcher; ``backends``: one builder class per KV-cache group."""
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    runner = types.SimpleNamespace(
+        vllm_config=config,
+        compilation_config=config.compilation_config,
+        cudagraph_dispatcher=CudagraphDispatcher(config),
+        uniform_decode_query_len=1,
+        kv_cache_config=None,
+        max_num_reqs=MAX_NUM_SEQS,
+        speculative_config=None,
+    )
+    attention = [
+        {type(f"Backend{i}", (), {"get_builder_cls": staticmethod(lambda c=cls: c)})} for i, cls in enumerate(backends)
+    ]
+    return runner, attention, [types.SimpleNamespace(kv_cache_spec=SPEC)] * len(backends)
+
+
+@pytest.fixture
+def piecewise_config(configs):
+    """configs[False] as vLLM's default mode needs it: FULL_AND_PIECEWISE, attention split out of
+    the compiled graph, capture sizes on both sides of max_num_seqs (16)."""
+    from vllm.config.compilation import CompilationMode
+
+    cc = configs[False].compilation_config
+    saved = (cc.cudagraph_mode, cc.mode, cc.splitting_ops, cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size)
+    cc.cudagraph_mode, cc.mode, cc.splitting_ops = (
+        CUDAGraphMode.FULL_AND_PIECEWISE,
+        CompilationMode.VLLM_COMPILE,
+        list(cc._attention_ops),
+    )
+    cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = [1, 2, 4, 8, 16, 32, 64, 128], 128
+    yield configs[False]
+    cc.cudagraph_mode, cc.mode, cc.splitting_ops, cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = saved
+
+
+def test_the_runner_adds_full_keys_for_mixed_batches_beside_vllms_decode_graphs(piecewise_config, full_cls):
+    from vllm.v1.worker import gpu_model_runner
+
+    check = gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode  # vLLM's, patched by install()
+    assert check.__qualname__.startswith("chunkmeta.")
+    runner, attention, groups = _runner(piecewise_config, [full_cls])
+    check(runner, attention, groups)
+    d = runner.cudagraph_dispatcher
+    assert d.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM settled it; chunkmeta added keys
+    full = {(k.num_tokens, k.num_reqs, k.uniform) for k in d.cudagraph_keys[CUDAGraphMode.FULL]}
+    assert {(s, min(s, MAX_NUM_SEQS), False) for s in (1, 2, 4, 8, 16, 32, 64, 128)} <= full
+    assert {(s, s, True) for s in (1, 2, 4, 8, 16)} <= full  # vLLM's decode keys, kept
+    mode, key = d.dispatch(num_tokens=20, uniform_decode=False)  # a mixed batch: a bucket's graph
+    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS, False)
+    mode, key = d.dispatch(num_tokens=5, uniform_decode=True)  # decodes: vLLM's decode graph
+    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 8, 8, True)
+
+
+def test_no_mixed_keys_unless_every_group_supports_them(configs, piecewise_config, full_cls):
+    from vllm.v1.worker import gpu_model_runner
+
+    check = gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode
+    stock = gdn_attn.GDNAttentionMetadataBuilder  # UNIFORM_BATCH: an MLA backend like FlashMLA, say
+    for backends in ([full_cls, stock], [stock]):
+        runner, attention, groups = _runner(piecewise_config, backends)
+        check(runner, attention, groups)
+        keys = runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+        assert keys and all(k.uniform for k in keys)  # vLLM's decode graphs only
+    # speculative decoding: no graph-safe forward, vLLM's level and keys
+    runner, attention, groups = _runner(piecewise_config, [full_cls])
+    assert full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], attention, groups) == 0
 
 
 def test_which_models_are_graph_safe(configs, monkeypatch):

@@ -154,9 +154,13 @@ class FullStep:
             h = F.linear(o.reshape(self.tokens, s.proj), w.o_proj)
         return h
 
-    def step(self, m, x) -> torch.Tensor:
+    def load(self, m, x) -> None:
+        """A step's inputs into the graph's: ``stage()`` (chunkmeta's one fill) and the hidden states."""
         stage(self.inputs, m)
         self.h[: x.shape[0]].copy_(x)
+
+    def step(self, m, x) -> torch.Tensor:
+        self.load(m, x)
         if self.replay is None:
             return self._run(self.bench.engine.caches[self.method])
         self.replay()
@@ -243,6 +247,8 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
         # where the rest goes: the graph's own GPU time (its kernels and the gaps between its
         # nodes) against the step's wall time (that plus staging, the replay's launch, the wait)
         row["chunkmeta_full_replay_ms"] = device_us_per_call(full.replay, calls=5, lead_us=20000, repeats=3) / 1e3
+    if full.replay is not None:  # a captured (or, on CPU, simulated) graph
+        row["chunkmeta_full_host_ms"] = host_parts(bench, full, next_batch, batch, wait, steps=20 if cuda else 2)
     return row
 
 
@@ -375,6 +381,29 @@ def targets(rows: list[dict]) -> dict:
     }
 
 
+def host_parts(bench: Bench, full: FullStep, next_batch, batch: dict, wait, steps: int = 20) -> dict:
+    """Medians over ``steps`` new batches of a ``chunkmeta_full`` step's serial parts, in ms: the
+    runner's inputs (the harness's vLLM ``CommonAttentionMetadata``), ``load`` (``stage()``:
+    chunkmeta's checks and fill; the hidden states' copy), the replay's launch, then the wait for
+    the GPU (the graph's time less what ran while the host was still launching)."""
+    parts = {"inputs": [], "load": [], "launch": [], "wait": []}
+    for _ in range(steps):
+        next_batch()
+        query, context = batch["case"]
+        t0 = time.perf_counter()
+        m = bench.engine.inputs.common_metadata(query, context)
+        t1 = time.perf_counter()
+        full.load(m, bench.engine.x[: m.num_actual_tokens])
+        t2 = time.perf_counter()
+        full.replay()
+        t3 = time.perf_counter()
+        wait()
+        t4 = time.perf_counter()
+        for name, (a, b) in zip(parts, ((t0, t1), (t1, t2), (t2, t3), (t3, t4)), strict=True):
+            parts[name].append((b - a) * 1e3)
+    return {name: median(values) for name, values in parts.items()}
+
+
 def device_profile(step, wait, repeats: int = 3) -> tuple[float, float]:
     """``(ms, launches)``: the GPU's own time in one ``step`` (torch.profiler: every kernel, copy
     and fill, graph replays included) and how many of those it ran, the means of ``repeats``:
@@ -428,9 +457,12 @@ def format_tables(figures: dict, device: str) -> str:
         cap = "n/a" if r["chunkmeta_full_capture_s"] is None else f"{r['chunkmeta_full_capture_s']:.2f}"
         over = "n/a"
         if "chunkmeta_full_over_kernels" in r:
+            host = r["chunkmeta_full_host_ms"]
             over = (
                 f"{r['chunkmeta_full_over_kernels']:.2f}x ({r['chunkmeta_full_kernel_ms']:.3f} ms in "
-                f"{r['chunkmeta_full_launches_per_step']:.0f} kernels; graph {r['chunkmeta_full_replay_ms']:.3f} ms)"
+                f"{r['chunkmeta_full_launches_per_step']:.0f} kernels; graph {r['chunkmeta_full_replay_ms']:.3f} ms; "
+                f"host inputs {host['inputs']:.3f} / load {host['load']:.3f} / launch {host['launch']:.3f} / "
+                f"wait {host['wait']:.3f} ms)"
             )
         lines.append(
             f"| {r['requests']} x {r['tokens']} | {r['vllm_piecewise']['ms_per_step']:.3f} | "

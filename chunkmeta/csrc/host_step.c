@@ -249,7 +249,8 @@ int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject
   if (needs_batch) {
     batch_start = load(host, is64, 0), batch_end = load(host, is64, requests);
     if (batch_start < 0 || batch_end < batch_start || batch_end - batch_start > st->cap_tokens) return -1;
-    batch = plan_any(host, is64, requests, -1);
+    /* a batch that is the slice (a prefill-only step) was planned above */
+    batch = first == 0 && n == requests ? slice : plan_any(host, is64, requests, -1);
     if (batch.bad) return -1;
   }
   /* per-row inputs of the slice: computed >= 0 with c + len <= INT32_MAX, 0 <= checkpoint <= len
@@ -274,7 +275,14 @@ int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject
     if (st->kind[j] == TOKENS) {
       p->counts[j] = whole ? batch_end - batch_start : end - start;
     } else if (st->base[j] == 0) { /* a slice planned above: its offsets do not decrease */
-      p->counts[j] = chunks_any(sq, is64, sn, st->shift[j]);
+      /* an earlier entry's count over the same rows at the same chunk size (the FLA tables of
+         the prefill rows and of the batch are one pass in a prefill-only step) */
+      int same = -1;
+      for (int k = 0; k < j && same < 0; k++)
+        if (st->base[k] == 0 && st->kind[k] != TOKENS && st->shift[k] == st->shift[j] &&
+            (st->slice[k] == 1 ? (const void *)host : q) == sq && (st->slice[k] == 1 ? requests : n) == sn)
+          same = k;
+      p->counts[j] = same >= 0 ? p->counts[same] : chunks_any(sq, is64, sn, st->shift[j]);
     } else {
       const char *rows_computed = computed ? computed + (whole ? 0 : first) * (c[1] ? 8 : 4) : NULL;
       const char *rows_checkpoints = checkpoints ? checkpoints + (whole ? 0 : first) * (c[3] ? 8 : 4) : NULL;

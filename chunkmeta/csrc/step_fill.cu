@@ -97,10 +97,11 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
      kept in shared memory from the loads below, so that a row reads them there after its
      search, not from global memory (a dependent load on the rows' critical path, which made the
      Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
-     Relative token positions and lengths fit int32 (host-validated). */
+     Relative token positions, lengths, positions (computed + len) and checkpoints fit int32
+     (host-validated), so each is an int: 12 KiB at 1024 lanes, 16 with checkpoints. */
   constexpr bool row_spans = kind == MAMBA2 || kind == LOGICAL;
   __shared__ int span_start[row_spans ? SEQ_LANES : 1], span_len[row_spans ? SEQ_LANES : 1];
-  __shared__ long long span_pos[row_spans ? SEQ_LANES : 1], span_cut[split ? SEQ_LANES : 1];
+  __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[split ? SEQ_LANES : 1];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
@@ -129,8 +130,8 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
       if (row_spans) {
         span_start[s] = (int)(starts[k] - base);
         span_len[s] = (int)(stops[k] - starts[k]);
-        span_pos[s] = pos;
-        if (split) span_cut[s] = cut;
+        span_pos[s] = (int)pos;
+        if (split) span_cut[s] = (int)cut;
       }
     }
     count[k] = run[k] = c;

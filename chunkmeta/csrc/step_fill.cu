@@ -10,6 +10,7 @@
      PARAMS_ON_DEVICE       1: the slices from step_params (graph mode)
      NUM_ENTRIES, ENTRIES   the entries, as chunkmeta.tables.Entry tuples in braces
      PAIRED_ENTRIES         bit J: entry J's row capacity is below 2^16 (its scan packs two rounds)
+     SHARED_SPANS           1: Mamba2 / logical rows read their sequence's span from shared memory
 
    Grid: sum_j max(1, cdiv(rows_j, BLOCK_ROWS)) programs; entry j owns the next ones. Each program
    scans its slice's chunk counts itself (warp scans, one barrier), finds each row's sequence over
@@ -94,14 +95,16 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   const long long num_tokens = PADDED ? (long long)(q[n] - base) : 0;
   QSL_T starts[ROUNDS], stops[ROUNDS];
   /* a MAMBA2 / LOGICAL row needs its sequence's start, length and position (and checkpoint):
-     kept in shared memory from the loads below, so that a row reads them there after its
-     search, not from global memory (a dependent load on the rows' critical path, which made the
-     Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
+     with SHARED_SPANS kept in shared memory from the loads below, so that a row reads them there
+     after its search, not from global memory (a dependent load on the rows' critical path, which
+     made the Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
      Relative token positions, lengths, positions (computed + len) and checkpoints fit int32
-     (host-validated), so each is an int: 12 KiB at 1024 lanes, 16 with checkpoints. */
-  constexpr bool row_spans = kind == MAMBA2 || kind == LOGICAL;
+     (host-validated), so each is an int: 12 KiB at 1024 lanes, 16 with checkpoints; the host
+     turns SHARED_SPANS off where the kernel's static shared memory would pass its budget
+     (chunkmeta.fill.cuda_fill.SHARED_SPAN_LIMIT). */
+  constexpr bool row_spans = SHARED_SPANS && (kind == MAMBA2 || kind == LOGICAL);
   __shared__ int span_start[row_spans ? SEQ_LANES : 1], span_len[row_spans ? SEQ_LANES : 1];
-  __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[split ? SEQ_LANES : 1];
+  __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[row_spans && split ? SEQ_LANES : 1];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
     const int s = warp * WARP_LANES + 32 * k + lane;
@@ -237,9 +240,19 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     } else if (kind == MAMBA2 || kind == LOGICAL) {
       long long start = 0, stop = 0, row_start = 0, pos = 0;
       if (real) {
-        row_start = span_start[seq]; /* from the slice's first token */
-        pos = span_pos[seq];
-        const ChunkSpan span = chunk_span(pos, span_len[seq], split ? span_cut[seq] : 0, shift, chunk);
+        long long len, cut = 0;
+        if (row_spans) {
+          row_start = span_start[seq]; /* from the slice's first token */
+          len = span_len[seq];
+          pos = span_pos[seq];
+          if (split) cut = span_cut[seq];
+        } else {
+          row_start = (long long)(q[seq] - base);
+          len = (long long)(q[seq + 1] - q[seq]);
+          pos = base_kind == 1 ? row_start : (long long)computed[first + seq];
+          if (split) cut = (long long)checkpoints[first + seq];
+        }
+        const ChunkSpan span = chunk_span(pos, len, cut, shift, chunk);
         start = span.start;
         stop = span.stop;
       }

@@ -25,7 +25,7 @@ import ctypes
 
 import torch
 
-from chunkmeta import jit
+from chunkmeta import jit, tables
 from chunkmeta.jit import check
 from chunkmeta.jit import nvrtc_version as nvrtc_version  # the Makefile and bench ask this module
 from chunkmeta.plan import cdiv, next_pow2
@@ -39,6 +39,21 @@ STEP_SOURCE = "step_fill.cu"
 STEP_HEADER = "step_chunks.h"  # what the kernel and the C build's CPU fill share
 ROW_SEARCH = "row_search.h"  # the row search (its Triton twin: chunkmeta.fill.row_search)
 STEP_ENTRY = b"step_tables_fill"
+
+
+# Mamba2 / SGLang-logical rows read their sequence's span from shared memory (SHARED_SPANS, see
+# step_fill.cu) while the kernel's static shared memory, every entry's arrays summed, stays within
+# this; above it (from 2048 sequence lanes) they load it from global memory. Static shared memory
+# is capped at 48 KiB (ptxas refused 112 KiB at 8192 lanes).
+SHARED_SPAN_LIMIT = 40 << 10
+_SEQ_END_BYTES = 4  # ends[]: an int per lane
+
+
+def _span_bytes(entry) -> int:
+    """Shared bytes per lane of an entry's spans: start, length, position (and checkpoint)."""
+    if entry.kind not in (tables.MAMBA2, tables.LOGICAL):
+        return 0
+    return 16 if entry.kind == tables.MAMBA2 and entry.flag else 12
 
 
 class CudaStepFill:
@@ -59,6 +74,7 @@ class CudaStepFill:
         row_capacities=(),
         threads: int | None = None,
         block_rows: int | None = None,
+        shared_spans: bool | None = None,
     ):
         lanes = max(next_pow2(block_seqs), 32)
         self.threads = threads or min(lanes, 256 if lanes <= 1024 else 512)
@@ -80,6 +96,8 @@ class CudaStepFill:
         # entries whose every step's rows fit 16 bits (their capacity: the host's checks keep each
         # step within it) scan two rounds per shuffle; none without capacities (the one-shot's)
         paired = sum(1 << j for j, rows in enumerate(row_capacities) if rows < 1 << 16)
+        if shared_spans is None:
+            shared_spans = _SEQ_END_BYTES * lanes + sum(_span_bytes(e) * lanes for e in entries) <= SHARED_SPAN_LIMIT
         self.defines = (
             ("SEQ_LANES", self.seq_lanes),
             ("THREADS", self.threads),
@@ -89,6 +107,7 @@ class CudaStepFill:
             ("NUM_ENTRIES", len(entries)),
             ("ENTRIES", table),
             ("PAIRED_ENTRIES", paired),
+            ("SHARED_SPANS", int(shared_spans)),
         )
 
     def source(self, dtypes) -> bytes:

@@ -30,9 +30,13 @@ HARNESS = SUPPORT / "step_host.cpp"
 
 
 @functools.cache
-def host_binary(entries, capacity: int, padded: bool, types: tuple[str, str, str], csrc=jit.CSRC, row_capacities=()):
+def host_binary(
+    entries, capacity: int, padded: bool, types: tuple[str, str, str], csrc=jit.CSRC, row_capacities=(), spans=None
+):
     compiler = cxx()
-    fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=padded, row_capacities=row_capacities)
+    fill = cuda_fill.CudaStepFill(
+        entries=entries, block_seqs=capacity, padded=padded, row_capacities=row_capacities, shared_spans=spans
+    )
     names = ("QSL_T", "COMP_T", "CKPT_T")
     defines = [f"-D{name}={value}" for name, value in (*zip(names, types, strict=True), *fill.defines)]
     flags = ["-std=c++20", "-O1", "-g", "-pthread", f"-I{csrc}", f"-I{SUPPORT}", *defines, str(HARNESS)]
@@ -59,10 +63,32 @@ def run_cases(binary, cases) -> list[bytes]:
     return [bytes.fromhex(line.split()[1]) if len(line.split()) > 1 else b"" for line in done.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("specs", [STEP_SPECS, STEP_SPECS_B], ids=["five-kinds", "paired-and-plain"])
-@pytest.mark.parametrize("capacity,wide", [(12, False), (300, True)])  # int64 inputs at many sequences per thread
+# Mamba2 / logical rows read their sequence's span from shared memory where it fits (spans None:
+# the fill's own choice, on at these capacities), else from global memory (False: what 2048 and
+# more sequence lanes get)
+SPAN_CASES = [
+    *(
+        (specs, capacity, wide, None)
+        for specs in (STEP_SPECS, STEP_SPECS_B)
+        for capacity, wide in ((12, False), (300, True))
+    ),
+    (STEP_SPECS, 300, True, False),
+]
+
+
+@pytest.mark.parametrize(
+    "specs,capacity,wide,spans",
+    SPAN_CASES,
+    ids=[
+        "five-kinds-12",
+        "five-kinds-300",
+        "paired-and-plain-12",
+        "paired-and-plain-300",
+        "five-kinds-300-global-spans",
+    ],
+)  # int64 inputs at many sequences per thread
 @pytest.mark.parametrize("padded", [False, True])
-def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):
+def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide, spans):
     tokens = 2048 if capacity == 12 else 20000
     builder = StepTablesBuilder(capacity, tokens, tables=specs, device="cpu", backend="torch", ring_depth=1)
     dtype = torch.int64 if wide else torch.int32
@@ -70,8 +96,9 @@ def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide):
     # the builder's kernel packs two rounds of the scan per shuffle (every entry's rows fit 16
     # bits; two rounds at capacity 300); the other spec set keeps one round per shuffle
     paired = builder.layout.rows_pad if specs is STEP_SPECS else ()
-    fill, binary = host_binary(builder.layout.entries, capacity, padded, types, row_capacities=paired)
+    fill, binary = host_binary(builder.layout.entries, capacity, padded, types, row_capacities=paired, spans=spans)
     assert ("PAIRED_ENTRIES", 0) not in fill.defines or specs is not STEP_SPECS
+    assert ("SHARED_SPANS", int(spans is None)) in fill.defines
     rng = np.random.default_rng(capacity + 2 * padded + wide)
     steps = [random_step(rng, capacity, tokens) for _ in range(25)]
     cases, expected = [], []
@@ -202,3 +229,13 @@ def test_the_harness_catches_a_wrong_kernel(tmp_path):
     _, binary = host_binary((entry,), 32, False, ("int", "int", "int"), csrc=tmp_path)
     cases, expected = fla_cases(entry, 32, 2000, 8, seed=3)
     assert run_cases(binary, cases) != expected
+
+
+def test_shared_spans_only_where_the_static_shared_memory_allows():
+    """ptxas caps a kernel's static shared memory at 48 KiB: the five-kinds tables' Mamba2 and
+    logical spans fit beside ends[] up to 1024 sequence lanes, not at 4096."""
+    for capacity, on in ((1024, 1), (4096, 0)):
+        entries = StepTablesBuilder(capacity, 65536, tables=STEP_SPECS, device="cpu", backend="torch").layout.entries
+        assert any(e.kind in (tables.MAMBA2, tables.LOGICAL) for e in entries)
+        fill = cuda_fill.CudaStepFill(entries=entries, block_seqs=capacity, padded=True)
+        assert ("SHARED_SPANS", on) in fill.defines

@@ -50,10 +50,12 @@ _SEQ_END_BYTES = 4  # ends[]: an int per lane
 
 
 def _span_bytes(entry) -> int:
-    """Shared bytes per lane of an entry's spans: start, length, position (and checkpoint)."""
-    if entry.kind not in (tables.MAMBA2, tables.LOGICAL):
+    """Shared bytes per lane of an entry's spans (an ``Entry`` or its plain tuple): start, length,
+    position (and checkpoint)."""
+    kind, flag = entry[0], entry[4]
+    if kind not in (tables.MAMBA2, tables.LOGICAL):
         return 0
-    return 16 if entry.kind == tables.MAMBA2 and entry.flag else 12
+    return 16 if kind == tables.MAMBA2 and flag else 12
 
 
 class CudaStepFill:

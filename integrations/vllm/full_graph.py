@@ -355,14 +355,14 @@ def add_mixed_full_keys(dispatcher, vllm_config, attention_backends, kv_cache_gr
     if not (safe and every):
         return 0
     sizes = vllm_config.compilation_config.cudagraph_capture_sizes or ()
-    added = 0
-    for size, loras in product(sizes, dispatcher._get_lora_cases()):
-        key = dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
-        if key not in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]:
-            dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
-            added += 1
-    logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", added)
-    return added
+    keys = {  # every key made before any is added: a failure leaves vLLM's keys as they were
+        dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
+        for size, loras in product(sizes, dispatcher._get_lora_cases())
+    } - dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    for key in keys:
+        dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
+    logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", len(keys))
+    return len(keys)
 
 
 def mixed_full_keys(original):
@@ -372,7 +372,15 @@ def mixed_full_keys(original):
     @functools.wraps(original)
     def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups, *args, **kwargs):
         original(self, attention_backends, kv_cache_groups, *args, **kwargs)
-        add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, attention_backends, kv_cache_groups)
+        try:
+            add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, attention_backends, kv_cache_groups)
+        except Exception as exc:  # noqa: BLE001  vLLM's keys as it made them: mixed batches piecewise
+            logger.warning(
+                "chunkmeta: no FULL graphs for mixed batches (%s: %s); %s=0 turns this off",
+                type(exc).__name__,
+                exc,
+                FULL_GRAPH_ENV,
+            )
 
     _check_and_update_cudagraph_mode.__qualname__ = f"chunkmeta.{RUNNER}._check_and_update_cudagraph_mode"
     return _check_and_update_cudagraph_mode

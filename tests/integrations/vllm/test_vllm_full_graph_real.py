@@ -471,3 +471,32 @@ def test_qwen_layer_takes_the_graph_safe_path_with_fla_triton_only(configs, full
         with pytest.raises(AttributeError):
             forward_core(layer, *args)
     assert len(calls) == 1
+
+
+def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
+    from vllm.v1.worker import gpu_model_runner
+
+    runner, attention, groups = _runner(piecewise_config, [full_cls])
+    runner.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1)
+    before = {mode: set(keys) for mode, keys in runner.cudagraph_dispatcher.cudagraph_keys.items()}
+    made = runner.cudagraph_dispatcher._create_padded_batch_descriptor
+
+    def refuse_64(size, *args):  # another vLLM's behaviour, midway through the sizes
+        if size == 64:
+            raise TypeError("another vLLM's signature")
+        return made(size, *args)
+
+    monkeypatch.setattr(runner.cudagraph_dispatcher, "_create_padded_batch_descriptor", refuse_64)
+    with pytest.raises(TypeError):
+        full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, piecewise_config, attention, groups)
+    assert runner.cudagraph_dispatcher.cudagraph_keys == before  # no key added: all or nothing
+
+    # in the runner: vLLM's keys as it made them, one warning, the engine goes on
+    runner, attention, groups = _runner(piecewise_config, [full_cls])
+    monkeypatch.setattr(full_graph, "add_mixed_full_keys", lambda *a: refuse_64(64))
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode(runner, attention, groups)
+    keys = runner.cudagraph_dispatcher.cudagraph_keys
+    assert keys[CUDAGraphMode.FULL] and all(k.uniform for k in keys[CUDAGraphMode.FULL])  # vLLM's decode keys
+    warnings = [r for r in caplog.records if "no FULL graphs for mixed batches" in r.getMessage()]
+    assert len(warnings) == 1

@@ -54,6 +54,19 @@ def method_figures(record: dict):
                 yield workload, method, figures
 
 
+def exact(record: dict) -> bool:
+    """Whether every chunkmeta result of a run matched the reference (step_tables' ``exact`` per
+    workload, gpu_compare's ``matched`` per method): a fast but wrong tree passes no guard."""
+    f = record["figures"]
+    if record["kind"] == "step_tables":
+        return all(row.get("exact", True) for row in f["rows"])
+    return all(
+        figures.get("matched") is not False
+        for _, method, figures in method_figures(record)
+        if method.startswith("chunkmeta")
+    )
+
+
 def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
     """The ``gpu_ab`` figures from each tree's records (a list of runs' records per tree)."""
     values: dict[tuple, dict[str, list[float]]] = {}
@@ -85,12 +98,14 @@ def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
         )
     guarded = [r for r in rows if r["method"] != FLOOR and r["ratio"] is not None]
     worst = max(guarded, key=lambda r: r["ratio"], default=None)
+    all_exact = all(exact(r) for records in records_by_tree.values() for r in records)
     return {
         "limit": limit,
         "rows": rows,
         "worst": worst,
         "over_limit": [r for r in guarded if r["ratio"] > limit],
-        "guard_met": bool(guarded) and all(r["ratio"] <= limit for r in guarded),
+        "all_exact": all_exact,
+        "guard_met": all_exact and bool(guarded) and all(r["ratio"] <= limit for r in guarded),
     }
 
 

@@ -132,14 +132,19 @@ class FullGraphBuilderMixin:
         m = common_attn_metadata
         if not self._mixed_active() or self._vllm_decode_routine(m):
             return super().build_for_cudagraph_capture(m)
-        key = (m.num_actual_tokens, m.num_reqs)
-        if key not in self.chunkmeta_buckets:
-            try:
-                self.chunkmeta_buckets[key] = MixedStepInputs(m.num_actual_tokens, m.num_reqs, self.device)
-            except Exception as exc:  # noqa: BLE001  a bucket it cannot make: vLLM's capture path
-                self._mixed_fall_back(exc)
-                return super().build_for_cudagraph_capture(m)
+        try:
+            self.chunkmeta_bucket(m.num_actual_tokens, m.num_reqs)
+        except Exception as exc:  # noqa: BLE001  a bucket it cannot make: vLLM's capture path
+            self._mixed_fall_back(exc)
+            return super().build_for_cudagraph_capture(m)
         return self.build(0, m)
+
+    def chunkmeta_bucket(self, num_tokens: int, num_reqs: int) -> MixedStepInputs:
+        """The bucket of a captured mixed batch shape, made on first use (raises where it cannot be)."""
+        bucket = self.chunkmeta_buckets.get((num_tokens, num_reqs))
+        if bucket is None:
+            bucket = self.chunkmeta_buckets[num_tokens, num_reqs] = MixedStepInputs(num_tokens, num_reqs, self.device)
+        return bucket
 
     def build(
         self,
@@ -328,16 +333,23 @@ def qwen_forward_core(original):
     return _forward_core
 
 
-def add_mixed_full_keys(dispatcher, vllm_config, attention_backends, kv_cache_groups) -> int:
+def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> int:
     """Under ``FULL_AND_PIECEWISE`` (vLLM's FULL decode graphs, piecewise mixed ones), FULL keys
     for mixed batches too, the ones ``cudagraph_mode=FULL`` would have (vLLM's
-    ``_create_padded_batch_descriptor``: ``(size, min(size, max_num_seqs))``, not uniform), when
-    every attention group's builder supports ``ALWAYS`` and a graph-safe chunkmeta builder is
-    among them. Mixed batches then replay one FULL graph each (a bucket's, ``mixed_step``) and
-    decode-only batches keep vLLM's FULL decode graphs and kernels: under ``FULL`` they replay the
-    mixed graph's chunked path, 2.5-4.0x slower (``vllm_full_graph@2026-12-05T23:02:36Z``). The
-    dispatcher checks FULL keys before PIECEWISE ones (cudagraph_dispatcher.py:315-320), so the
-    piecewise graphs of those sizes stay captured but unused. Returns the keys added."""
+    ``_create_padded_batch_descriptor``: ``(size, min(size, max_num_seqs))``, not uniform). Mixed
+    batches then replay one FULL graph each (a bucket's, ``mixed_step``) and decode-only batches
+    keep vLLM's FULL decode graphs and kernels: under ``FULL`` they replay the mixed graph's
+    chunked path, 2.5-4.0x slower (``vllm_full_graph@2026-12-05T23:02:36Z``). The dispatcher
+    checks FULL keys before PIECEWISE ones (cudagraph_dispatcher.py:315-320), so the piecewise
+    graphs of those sizes stay captured but unused.
+
+    ``attn_groups``: the runner's attention groups, their builders made. Keys are added only
+    where every group's builder supports ``ALWAYS``, every chunkmeta builder among them serves
+    mixed steps and has made the bucket of every key (so no mixed capture reaches vLLM's
+    decode-only capture path: its assert, or a decode graph under a mixed key), with one data
+    parallel rank (ranks agree on one mode, then pad to the largest batch: a decode rank would
+    find no FULL key of a mixed size) and no micro-batching (vLLM's ubatched graphs are keyed by
+    token count alone). All or nothing. Returns the keys added."""
     from itertools import product
 
     from vllm.config.compilation import CUDAGraphMode
@@ -345,20 +357,25 @@ def add_mixed_full_keys(dispatcher, vllm_config, attention_backends, kv_cache_gr
 
     if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
         return 0
-    builders = [
-        (backend.get_builder_cls(), group.kv_cache_spec)
-        for backends, group in zip(attention_backends, kv_cache_groups, strict=True)
-        for backend in backends
-    ]
-    safe = any(issubclass(cls, FullGraphBuilderMixin) for cls, _ in builders) and graph_unsafe(vllm_config) is None
-    every = all(cls.get_cudagraph_support(vllm_config, spec) == AttentionCGSupport.ALWAYS for cls, spec in builders)
-    if not (safe and every):
+    parallel = vllm_config.parallel_config
+    if parallel.data_parallel_size > 1 or parallel.use_ubatching:
+        logger.info("chunkmeta: mixed batches stay piecewise: data parallelism or micro-batching")
+        return 0
+    every = all(
+        group.backend.get_builder_cls().get_cudagraph_support(vllm_config, group.kv_cache_spec)
+        == AttentionCGSupport.ALWAYS
+        for group in attn_groups
+    )
+    builders = [b for group in attn_groups for b in group.metadata_builders if isinstance(b, FullGraphBuilderMixin)]
+    if not (every and builders and all(b._mixed_active() for b in builders)):
         return 0
     sizes = vllm_config.compilation_config.cudagraph_capture_sizes or ()
-    keys = {  # every key made before any is added: a failure leaves vLLM's keys as they were
+    keys = {  # every key and bucket made before any key is added: a failure leaves vLLM's keys as they were
         dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
         for size, loras in product(sizes, dispatcher._get_lora_cases())
     } - dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    for builder, key in product(builders, keys):
+        builder.chunkmeta_bucket(key.num_tokens, key.num_reqs)
     for key in keys:
         dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
     logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", len(keys))
@@ -366,14 +383,15 @@ def add_mixed_full_keys(dispatcher, vllm_config, attention_backends, kv_cache_gr
 
 
 def mixed_full_keys(original):
-    """``GPUModelRunner._check_and_update_cudagraph_mode`` (vLLM settles the mode and makes the
-    dispatcher's keys), then ``add_mixed_full_keys``."""
+    """``GPUModelRunner.initialize_metadata_builders`` (vLLM makes the builders, after it has
+    settled the mode and the dispatcher's keys), then ``add_mixed_full_keys``; a failure keeps
+    vLLM's keys, with one warning."""
 
     @functools.wraps(original)
-    def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups, *args, **kwargs):
-        original(self, attention_backends, kv_cache_groups, *args, **kwargs)
+    def initialize_metadata_builders(self, *args, **kwargs):
+        original(self, *args, **kwargs)
         try:
-            add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, attention_backends, kv_cache_groups)
+            add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, [g for gs in self.attn_groups for g in gs])
         except Exception as exc:  # noqa: BLE001  vLLM's keys as it made them: mixed batches piecewise
             logger.warning(
                 "chunkmeta: no FULL graphs for mixed batches (%s: %s); %s=0 turns this off",
@@ -382,8 +400,8 @@ def mixed_full_keys(original):
                 FULL_GRAPH_ENV,
             )
 
-    _check_and_update_cudagraph_mode.__qualname__ = f"chunkmeta.{RUNNER}._check_and_update_cudagraph_mode"
-    return _check_and_update_cudagraph_mode
+    initialize_metadata_builders.__qualname__ = f"chunkmeta.{RUNNER}.initialize_metadata_builders"
+    return initialize_metadata_builders
 
 
 def _method_wiring(patches, class_name: str, method: str, make, does: str):
@@ -400,13 +418,13 @@ def _method_wiring(patches, class_name: str, method: str, make, does: str):
 
 def layer_wiring(patches) -> dict:
     """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward``, Qwen's
-    ``_forward_core`` and the model runner's ``_check_and_update_cudagraph_mode`` patched over
+    ``_forward_core`` and the model runner's ``initialize_metadata_builders`` patched over
     vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
     layers = "takes the graph-safe mixed path on captured buckets"
     return {
         KIMI_LAYER_MODULE: _method_wiring(patches, KIMI_LAYER, "_forward", kimi_forward, layers),
         QWEN_LAYER_MODULE: _method_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core, layers),
         RUNNER_MODULE: _method_wiring(
-            patches, RUNNER, "_check_and_update_cudagraph_mode", mixed_full_keys, "adds FULL keys for mixed batches"
+            patches, RUNNER, "initialize_metadata_builders", mixed_full_keys, "adds FULL keys for mixed batches"
         ),
     }

@@ -181,3 +181,7 @@ def test_ab_compare_takes_medians_per_tree_and_guards_chunkmeta_only():
     assert figures["guard_met"]  # at the limit is within it
     record = results.make_record("gpu_ab", {"old_commit": "o", **figures}, command="x", commit="c", device={})
     assert "met yes" in render.summary(render.FAMILIES["gpu_ab"], record)
+    wrong = json.loads(json.dumps(new[0]))
+    wrong["figures"]["results"]["1x4k"]["chunkmeta"]["matched"] = False  # fast, but not the reference's tables
+    figures = ab_compare.compare({"new": [wrong, *new[1:3]], "old": old[:3]}, 1.05)
+    assert not figures["all_exact"] and not figures["guard_met"]

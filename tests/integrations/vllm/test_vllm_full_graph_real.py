@@ -129,7 +129,7 @@ def test_off_by_default(configs, monkeypatch):
     for name, layer, method in (
         (full_graph.KIMI_LAYER_MODULE, full_graph.KIMI_LAYER, "_forward"),
         (full_graph.QWEN_LAYER_MODULE, full_graph.QWEN_LAYER, "_forward_core"),
-        (full_graph.RUNNER_MODULE, full_graph.RUNNER, "_check_and_update_cudagraph_mode"),
+        (full_graph.RUNNER_MODULE, full_graph.RUNNER, "initialize_metadata_builders"),
     ):
         patched = getattr(importlib.import_module(name), layer).__dict__[method]
         assert "chunkmeta" not in getattr(patched, "__wrapped__", patched).__qualname__
@@ -172,26 +172,6 @@ def test_decode_routines_keep_vllms_capture_and_kernels(configs, full_cls, monke
     assert mixed.chunkmeta_mixed is bucket and builder.chunkmeta_mixed_steps == steps + 1
 
 
-def _runner(config, backends):
-    """What ``GPUModelRunner._check_and_update_cudagraph_mode`` reads of its runner, around vLLM's
-    real dispatcher; ``backends``: one builder class per KV-cache group."""
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-
-    runner = types.SimpleNamespace(
-        vllm_config=config,
-        compilation_config=config.compilation_config,
-        cudagraph_dispatcher=CudagraphDispatcher(config),
-        uniform_decode_query_len=1,
-        kv_cache_config=None,
-        max_num_reqs=MAX_NUM_SEQS,
-        speculative_config=None,
-    )
-    attention = [
-        {type(f"Backend{i}", (), {"get_builder_cls": staticmethod(lambda c=cls: c)})} for i, cls in enumerate(backends)
-    ]
-    return runner, attention, [types.SimpleNamespace(kv_cache_spec=SPEC)] * len(backends)
-
-
 @pytest.fixture
 def piecewise_config(configs):
     """configs[False] as vLLM's default mode needs it: FULL_AND_PIECEWISE, attention split out of
@@ -208,39 +188,6 @@ def piecewise_config(configs):
     cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = [1, 2, 4, 8, 16, 32, 64, 128], 128
     yield configs[False]
     cc.cudagraph_mode, cc.mode, cc.splitting_ops, cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = saved
-
-
-def test_the_runner_adds_full_keys_for_mixed_batches_beside_vllms_decode_graphs(piecewise_config, full_cls):
-    from vllm.v1.worker import gpu_model_runner
-
-    check = gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode  # vLLM's, patched by install()
-    assert check.__qualname__.startswith("chunkmeta.")
-    runner, attention, groups = _runner(piecewise_config, [full_cls])
-    check(runner, attention, groups)
-    d = runner.cudagraph_dispatcher
-    assert d.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM settled it; chunkmeta added keys
-    full = {(k.num_tokens, k.num_reqs, k.uniform) for k in d.cudagraph_keys[CUDAGraphMode.FULL]}
-    assert {(s, min(s, MAX_NUM_SEQS), False) for s in (1, 2, 4, 8, 16, 32, 64, 128)} <= full
-    assert {(s, s, True) for s in (1, 2, 4, 8, 16)} <= full  # vLLM's decode keys, kept
-    mode, key = d.dispatch(num_tokens=20, uniform_decode=False)  # a mixed batch: a bucket's graph
-    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS, False)
-    mode, key = d.dispatch(num_tokens=5, uniform_decode=True)  # decodes: vLLM's decode graph
-    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 8, 8, True)
-
-
-def test_no_mixed_keys_unless_every_group_supports_them(configs, piecewise_config, full_cls):
-    from vllm.v1.worker import gpu_model_runner
-
-    check = gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode
-    stock = gdn_attn.GDNAttentionMetadataBuilder  # UNIFORM_BATCH: an MLA backend like FlashMLA, say
-    for backends in ([full_cls, stock], [stock]):
-        runner, attention, groups = _runner(piecewise_config, backends)
-        check(runner, attention, groups)
-        keys = runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
-        assert keys and all(k.uniform for k in keys)  # vLLM's decode graphs only
-    # speculative decoding: no graph-safe forward, vLLM's level and keys
-    runner, attention, groups = _runner(piecewise_config, [full_cls])
-    assert full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], attention, groups) == 0
 
 
 def test_which_models_are_graph_safe(configs, monkeypatch):
@@ -473,30 +420,108 @@ def test_qwen_layer_takes_the_graph_safe_path_with_fla_triton_only(configs, full
     assert len(calls) == 1
 
 
-def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
+# -- the runner: FULL keys for mixed batches beside vLLM's decode graphs ---------------------------
+
+
+def _start_runner(config, builders, monkeypatch=None, groups=None):
+    """vLLM's runner start-up as far as the dispatcher's keys go, on what it reads of its runner:
+    its real ``_check_and_update_cudagraph_mode`` (the mode, vLLM's keys), then its
+    ``initialize_metadata_builders`` (patched by ``install()``) making one builder per attention
+    group of ``builders``' classes (an instance, or a class made here)."""
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     from vllm.v1.worker import gpu_model_runner
 
-    runner, attention, groups = _runner(piecewise_config, [full_cls])
-    runner.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_AND_PIECEWISE, 1)
-    before = {mode: set(keys) for mode, keys in runner.cudagraph_dispatcher.cudagraph_keys.items()}
-    made = runner.cudagraph_dispatcher._create_padded_batch_descriptor
+    runner_cls = gpu_model_runner.GPUModelRunner
+    groups = []
+    for i, made in enumerate(builders):
+        cls = made if isinstance(made, type) else type(made)
+        group = types.SimpleNamespace(
+            backend=type(f"Backend{i}", (), {"get_builder_cls": staticmethod(lambda c=cls: c)}),
+            kv_cache_spec=SPEC,
+            metadata_builders=[],
+        )
+        group.create_metadata_builders = lambda *a, g=group, m=made, **k: g.metadata_builders.append(
+            m(SPEC, LAYERS, config, DEVICE) if isinstance(m, type) else m
+        )
+        groups.append(group)
+    runner = types.SimpleNamespace(
+        vllm_config=config,
+        compilation_config=config.compilation_config,
+        parallel_config=config.parallel_config,
+        cudagraph_dispatcher=CudagraphDispatcher(config),
+        uniform_decode_query_len=1,
+        kv_cache_config=None,
+        max_num_reqs=MAX_NUM_SEQS,
+        speculative_config=None,
+        attn_groups=[[g] for g in groups],
+        calculate_reorder_batch_threshold=lambda: None,
+        device=DEVICE,
+    )
+    runner_cls._check_and_update_cudagraph_mode(runner, [{g.backend} for g in groups], groups)
+    runner_cls.initialize_metadata_builders(runner, types.SimpleNamespace(kv_cache_groups=groups), [None] * len(groups))
+    return runner
 
-    def refuse_64(size, *args):  # another vLLM's behaviour, midway through the sizes
-        if size == 64:
-            raise TypeError("another vLLM's signature")
-        return made(size, *args)
 
-    monkeypatch.setattr(runner.cudagraph_dispatcher, "_create_padded_batch_descriptor", refuse_64)
-    with pytest.raises(TypeError):
-        full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, piecewise_config, attention, groups)
-    assert runner.cudagraph_dispatcher.cudagraph_keys == before  # no key added: all or nothing
+def _keys(runner):
+    return {
+        (k.num_tokens, k.num_reqs, k.uniform) for k in runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    }
 
-    # in the runner: vLLM's keys as it made them, one warning, the engine goes on
-    runner, attention, groups = _runner(piecewise_config, [full_cls])
-    monkeypatch.setattr(full_graph, "add_mixed_full_keys", lambda *a: refuse_64(64))
+
+def test_the_runner_adds_full_keys_for_mixed_batches_beside_vllms_decode_graphs(piecewise_config, full_cls):
+    from vllm.v1.worker import gpu_model_runner
+
+    patched = gpu_model_runner.GPUModelRunner.initialize_metadata_builders  # vLLM's, patched by install()
+    assert patched.__qualname__.startswith("chunkmeta.")
+    runner = _start_runner(piecewise_config, [full_cls])
+    d = runner.cudagraph_dispatcher
+    assert d.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM settled it; chunkmeta added keys
+    mixed = {(s, min(s, MAX_NUM_SEQS), False) for s in (1, 2, 4, 8, 16, 32, 64, 128)}
+    assert mixed <= _keys(runner)
+    assert {(s, s, True) for s in (1, 2, 4, 8, 16)} <= _keys(runner)  # vLLM's decode keys, kept
+    # every mixed key's bucket made before its key: no mixed capture reaches vLLM's decode capture
+    (builder,) = runner.attn_groups[0][0].metadata_builders
+    assert set(builder.chunkmeta_buckets) == {(t, r) for t, r, _ in mixed}
+    mode, key = d.dispatch(num_tokens=20, uniform_decode=False)  # a mixed batch: a bucket's graph
+    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS, False)
+    mode, key = d.dispatch(num_tokens=5, uniform_decode=True)  # decodes: vLLM's decode graph
+    assert (mode, key.num_tokens, key.num_reqs, key.uniform) == (CUDAGraphMode.FULL, 8, 8, True)
+
+
+def test_no_mixed_keys_where_a_mixed_batch_could_miss_its_graph(configs, piecewise_config, full_cls, monkeypatch):
+    decode_only = {(s, s, True) for s in (1, 2, 4, 8, 16)}
+    stock = gdn_attn.GDNAttentionMetadataBuilder  # UNIFORM_BATCH: an MLA backend like FlashMLA, say
+    for builders in ([full_cls, stock], [stock]):
+        assert _keys(_start_runner(piecewise_config, builders)) == decode_only
+    # a chunkmeta builder that serves no mixed step (its step builder failed): its captures would
+    # be vLLM's decode-only ones
+    inactive = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    inactive.chunkmeta = None
+    assert _keys(_start_runner(piecewise_config, [inactive])) == decode_only
+    # data parallel ranks (a decode rank padded to a mixed rank's size finds no FULL key) and
+    # micro-batching (ubatched graphs keyed by token count alone)
+    for name, value in (("data_parallel_size", 2), ("enable_dbo", True)):
+        with monkeypatch.context() as m:
+            m.setattr(piecewise_config.parallel_config, name, value)
+            assert _keys(_start_runner(piecewise_config, [full_cls])) == decode_only
+    # speculative decoding: no graph-safe forward
+    runner = _start_runner(piecewise_config, [stock])
+    groups = [g for gs in runner.attn_groups for g in gs]
+    assert full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == 0
+
+
+def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
+    decode_only = {(s, s, True) for s in (1, 2, 4, 8, 16)}
+
+    def refuse(self, num_tokens, num_reqs):  # a bucket it cannot make, midway through the keys
+        if num_tokens == 64:
+            raise ChunkMetaError("no bucket for the test")
+        return original(self, num_tokens, num_reqs)
+
+    original = full_graph.FullGraphBuilderMixin.chunkmeta_bucket
+    monkeypatch.setattr(full_graph.FullGraphBuilderMixin, "chunkmeta_bucket", refuse)
     with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
-        gpu_model_runner.GPUModelRunner._check_and_update_cudagraph_mode(runner, attention, groups)
-    keys = runner.cudagraph_dispatcher.cudagraph_keys
-    assert keys[CUDAGraphMode.FULL] and all(k.uniform for k in keys[CUDAGraphMode.FULL])  # vLLM's decode keys
+        runner = _start_runner(piecewise_config, [full_cls])
+    assert _keys(runner) == decode_only  # all or nothing: vLLM's keys, mixed batches piecewise
     warnings = [r for r in caplog.records if "no FULL graphs for mixed batches" in r.getMessage()]
-    assert len(warnings) == 1
+    assert len(warnings) == 1 and "no bucket for the test" in warnings[0].getMessage()

@@ -308,7 +308,7 @@ def summary(family: Family, record: dict) -> str:
         texts = [t for t in (_format(fmt, row) for row in rows) if t is not None]
         # a format no row answers may name the record's top-level figures (gpu_ab's guard)
         texts = texts or [t for t in [_format(fmt, record["figures"])] if t is not None]
-        texts = [re.sub(r"\bTrue\b", "yes", re.sub(r"\bFalse\b", "NO", t)) for t in texts if t is not None]
+        texts = [re.sub(r"\bTrue\b", "yes", re.sub(r"\bFalse\b", "NO", t)) for t in texts]
         items += [_span(texts)] if texts else []
     return "; ".join(items).replace("|", "/") or "—"
 

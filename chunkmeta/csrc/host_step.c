@@ -267,11 +267,13 @@ int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject
     if (flags.bad) return -1;
     any_checkpoint = flags.any;
   }
-  /* the rows of every entry */
+  /* the rows of every entry; rows_q / rows_n: each entry's slice, for the counts entries share */
+  const void *rows_q[MAX_ENTRIES];
+  int64_t rows_n[MAX_ENTRIES];
   for (int j = 0; j < st->entries; j++) {
     int whole = st->slice[j] == 1;
-    const void *sq = whole ? (const void *)host : q;
-    int64_t sn = whole ? requests : n;
+    const void *sq = rows_q[j] = whole ? (const void *)host : q;
+    int64_t sn = rows_n[j] = whole ? requests : n;
     if (st->kind[j] == TOKENS) {
       p->counts[j] = whole ? batch_end - batch_start : end - start;
     } else if (st->base[j] == 0) { /* a slice planned above: its offsets do not decrease */
@@ -279,8 +281,8 @@ int step_plan(const Steps *st, const long long *a, PyObject *first_obj, PyObject
          the prefill rows and of the batch are one pass in a prefill-only step) */
       int same = -1;
       for (int k = 0; k < j && same < 0; k++)
-        if (st->base[k] == 0 && st->kind[k] != TOKENS && st->shift[k] == st->shift[j] &&
-            (st->slice[k] == 1 ? (const void *)host : q) == sq && (st->slice[k] == 1 ? requests : n) == sn)
+        if (st->base[k] == 0 && st->kind[k] != TOKENS && st->shift[k] == st->shift[j] && rows_q[k] == sq &&
+            rows_n[k] == sn)
           same = k;
       p->counts[j] = same >= 0 ? p->counts[same] : chunks_any(sq, is64, sn, st->shift[j]);
     } else {

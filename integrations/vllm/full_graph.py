@@ -30,6 +30,7 @@ not: docs/vllm.md).
 from __future__ import annotations
 
 import functools
+from itertools import product
 
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
@@ -350,8 +351,6 @@ def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> int:
     parallel rank (ranks agree on one mode, then pad to the largest batch: a decode rank would
     find no FULL key of a mixed size) and no micro-batching (vLLM's ubatched graphs are keyed by
     token count alone). All or nothing. Returns the keys added."""
-    from itertools import product
-
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.attention.backend import AttentionCGSupport
 

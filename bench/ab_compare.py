@@ -2,6 +2,10 @@
 
     python3 bench/ab_compare.py --old DIR --new DIR --out OUT [--pairs 3] [--rounds 10]
                                 [--stages "bench steptables"] [--old-commit SHA] [--new-commit SHA]
+    python3 bench/ab_compare.py --pool A/runs.jsonl B/runs.jsonl ... --out OUT
+
+``--pool``: one ``gpu_ab`` record from the runs of several calls of this script on one machine
+(a call is bounded by the device's 10-minute limit; the guard wants more pairs than one holds).
 
 Runs ``bash bench/run_gpu.sh <stages>`` in each tree, ``--pairs`` times each, alternating the
 order (new old, old new, new old, ...), each run a fresh process. A single old/new pair in one
@@ -109,6 +113,43 @@ def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
     }
 
 
+def pool(paths: list[Path], out: Path, limit: float) -> dict:
+    """The ``gpu_ab`` record of the runs in ``paths`` (this script's outputs): a run marked as an
+    experiment is the old tree's, the others the new tree's; its earlier gpu_ab records are left."""
+    by_tree: dict[str, list[dict]] = {"new": [], "old": []}
+    abs_ = []
+    for path in paths:
+        for record in runs.load(path):
+            if record["kind"] == "gpu_ab":
+                abs_.append(record)
+            elif record["kind"] in METRICS:
+                by_tree["old" if record.get("experiment") else "new"].append(record)
+    if not abs_:
+        raise SystemExit(f"no gpu_ab record in {paths}: not this script's output")
+    first = abs_[0]
+    figures = {
+        "pairs": sum(r["figures"]["pairs"] for r in abs_),
+        "rounds": first["figures"]["rounds"],
+        "stages": first["figures"]["stages"],
+        "old_commit": first["figures"]["old_commit"],
+        "pooled_calls": len(abs_),
+    }
+    figures.update(compare(by_tree, limit))
+    record = runs.make_record("gpu_ab", figures, command=f"python bench/ab_compare.py --pool ({len(abs_)} calls)",
+                              commit=first.get("commit"))  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\n")
+    return figures
+
+
+def report(figures: dict) -> None:
+    worst = figures["worst"]
+    print(f"gpu_ab: guard {'met' if figures['guard_met'] else 'NOT met'} (limit {figures['limit']}); worst {worst}")
+    for row in sorted(figures["rows"], key=lambda r: -(r["ratio"] or 0))[:25]:
+        print(f"  {row['kind']:12s} {row['workload']:16s} {row['method']:30s} {row['metric']:12s} "
+              f"new {row['new']:9.3f} old {row['old']:9.3f} ratio {row['ratio']} runs {row['runs']}")  # fmt: skip
+
+
 def run_tree(tree: Path, stages: list[str], out: Path, env: dict) -> list[dict]:
     """One ``run_gpu.sh`` run in ``tree``; its records (none if it wrote none)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +162,8 @@ def run_tree(tree: Path, stages: list[str], out: Path, env: dict) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", type=Path, required=True, help="the old tree")
+    parser.add_argument("--old", type=Path, help="the old tree")
+    parser.add_argument("--pool", type=Path, nargs="+", help="pool these calls' runs.jsonl instead of running")
     parser.add_argument("--new", type=Path, default=Path("."), help="the new tree (default: here)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--pairs", type=int, default=3)
@@ -131,6 +173,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new-commit", default=None, help="default: the checkout's (CHUNKMETA_COMMIT)")
     parser.add_argument("--limit", type=float, default=1.05)
     args = parser.parse_args(argv)
+    if args.pool:
+        report(pool(args.pool, args.out, args.limit))
+        return 0
+    if args.old is None:
+        parser.error("--old is needed unless --pool")
     new_commit = args.new_commit or runs.checkout_commit()
     trees = {"new": (args.new.resolve(), new_commit), "old": (args.old.resolve(), args.old_commit)}
     stages = args.stages.split()
@@ -154,11 +201,7 @@ def main(argv: list[str]) -> int:
             ab = runs.make_record("gpu_ab", figures, command=command, commit=new_commit)
             every = by_tree["new"] + by_tree["old"] + ([ab] if figures["rows"] else [])
             (args.out / "runs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in every))
-    worst = figures["worst"]
-    print(f"gpu_ab: guard {'met' if figures['guard_met'] else 'NOT met'} (limit {args.limit}); worst {worst}")
-    for row in sorted(figures["rows"], key=lambda r: -(r["ratio"] or 0))[:25]:
-        print(f"  {row['kind']:12s} {row['workload']:16s} {row['method']:30s} {row['metric']:12s} "
-              f"new {row['new']:9.3f} old {row['old']:9.3f} ratio {row['ratio']}")  # fmt: skip
+    report(figures)
     return 0 if figures["rows"] else 1
 
 

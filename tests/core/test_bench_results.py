@@ -87,6 +87,25 @@ def test_history_lines_are_ranges_over_the_rows():
     assert render.summary(family, {"figures": {"rows": [{"x": 1}]}}) == "—"  # no format applies
 
 
+def test_vllm_full_graph_shows_the_async_figures_and_records_without_them_as_before():
+    family = render.FAMILIES["vllm_full_graph"]
+    serial = {"ms_per_step": 2.0, "syncs_per_step": 0}
+    old = {"requests": 8, "tokens": 256, "speedup_full": 3.0, "states_equal": True, "chunkmeta_full": serial}
+    new = {**old, "speedup_full_async": 2.5, "chunkmeta_full": {**serial, "async_ms_per_step": 1.5}}
+    assert "| chunkmeta_full | 2.000 ms/step, 0 syncs |" in latest_table_text(family, old)
+    assert "| chunkmeta_full | 2.000 ms/step (async 1.500), 0 syncs |" in latest_table_text(family, new)
+    assert render.summary(family, {"figures": {"steps": [old]}}) == (
+        "full 3.00x vllm_piecewise at 8 x 256; states equal yes"
+    )
+    assert render.summary(family, {"figures": {"steps": [new]}}) == (
+        "full 3.00x vllm_piecewise at 8 x 256; async 2.50x; states equal yes"
+    )
+
+
+def latest_table_text(family, row):
+    return "\n".join(render.latest_table(family, {"figures": {"steps": [row]}}))
+
+
 def holds_all_three(record):
     try:
         return plot.series([record])[0] is record
@@ -185,3 +204,28 @@ def test_ab_compare_takes_medians_per_tree_and_guards_chunkmeta_only():
     wrong["figures"]["results"]["1x4k"]["chunkmeta"]["matched"] = False  # fast, but not the reference's tables
     figures = ab_compare.compare({"new": [wrong, *new[1:3]], "old": old[:3]}, 1.05)
     assert not figures["all_exact"] and not figures["guard_met"]
+
+
+def test_ab_compare_pools_calls_by_tree(tmp_path):
+    import ab_compare
+
+    def call(name, new_device, old_device):
+        new = _tables_record("gpu_compare", new_device, 6.0, 2.0)
+        old = {**_tables_record("gpu_compare", old_device, 6.0, 2.0), "experiment": "the old tree"}
+        old["id"] += "-old"  # two runs of one second: a data file's ids are unique
+        figures = {"pairs": 1, "rounds": 3, "stages": ["bench"], "old_commit": "o"}
+        figures.update(ab_compare.compare({"new": [new], "old": [old]}, 1.05))
+        ab = results.make_record("gpu_ab", figures, command="x", commit="c", device={})
+        path = tmp_path / name / "runs.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in (new, old, ab)))
+        return path
+
+    first, second = call("a", 2.2, 2.0), call("b", 2.0, 2.0)  # alone: 1.1, then 1.0
+    figures = ab_compare.pool([first, second], tmp_path / "out", 1.05)
+    rows = {(r["method"], r["metric"]): r for r in figures["rows"]}
+    assert rows[("chunkmeta", "device_us")]["runs"] == [2, 2]  # every run of both calls, by tree
+    assert rows[("chunkmeta", "device_us")]["ratio"] == 1.05  # median of (2.2, 2.0) over 2.0
+    assert figures["pairs"] == 2 and figures["pooled_calls"] == 2
+    (written,) = results.load(tmp_path / "out" / "runs.jsonl")
+    assert written["kind"] == "gpu_ab" and written["figures"]["rows"] == figures["rows"]

@@ -135,8 +135,8 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
         "pooled_calls": len(abs_),
     }
     figures.update(compare(by_tree, limit))
-    record = runs.make_record("gpu_ab", figures, command=f"python bench/ab_compare.py --pool ({len(abs_)} calls)",
-                              commit=first.get("commit"))  # fmt: skip
+    command = f"python bench/ab_compare.py --pool ({len(abs_)} calls)"
+    record = runs.make_record("gpu_ab", figures, command=command, commit=first["commit"], device=first["device"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\n")
     return figures

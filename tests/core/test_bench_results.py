@@ -229,3 +229,21 @@ def test_ab_compare_pools_calls_by_tree(tmp_path):
     assert figures["pairs"] == 2 and figures["pooled_calls"] == 2
     (written,) = results.load(tmp_path / "out" / "runs.jsonl")
     assert written["kind"] == "gpu_ab" and written["figures"]["rows"] == figures["rows"]
+
+
+def test_ab_compare_shows_each_run_over_its_floor_and_shares_the_carried_bundles(tmp_path):
+    import ab_compare
+
+    # the floor's mode moves chunkmeta's device time with it: 2.4 over 1.8 is 2.6 over 1.95
+    new = [_tables_record("gpu_compare", 2.6, 6.0, 1.95), _tables_record("gpu_compare", 2.6, 6.0, 1.95)]
+    old = [_tables_record("gpu_compare", 2.4, 6.0, 1.8), _tables_record("gpu_compare", 2.4, 6.0, 1.8)]
+    rows = {(r["method"], r["metric"]): r for r in ab_compare.compare({"new": new, "old": old}, 1.05)["rows"]}
+    assert rows[("chunkmeta", "device_us")]["ratio"] > 1.05
+    assert rows[("chunkmeta", "device_us")]["ratio_per_floor"] == 1.0
+    assert "ratio_per_floor" not in rows[("floor", "device_us")]
+    new_tree, old_tree = tmp_path / "new", tmp_path / "old"
+    (new_tree / ".vllm_bundle").mkdir(parents=True)
+    (old_tree / ".whl").mkdir(parents=True)
+    ab_compare.share_carried(new_tree, old_tree)
+    assert (old_tree / ".vllm_bundle").resolve() == (new_tree / ".vllm_bundle").resolve()
+    assert not (old_tree / ".whl").is_symlink()  # the old tree's own stays

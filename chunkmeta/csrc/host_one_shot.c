@@ -50,15 +50,12 @@ static PyObject *new_metadata(PyObject *const *values) {
   return new_object(metadata_type, metadata_fields, values, NUM_FIELDS);
 }
 
-/* The data_ptr() of each of n tensors into out; 0, or -1 with an error. */
-static int data_pointers(PyObject *const *tensors, int n, uint64_t *out) {
-  for (int i = 0; i < n; i++) {
-    PyObject *v = tensor_call(T_DATA_PTR, tensors[i]);
-    out[i] = v ? (uint64_t)PyLong_AsUnsignedLongLong(v) : 0;
-    Py_XDECREF(v);
-    if (PyErr_Occurred()) return -1;
-  }
-  return 0;
+/* The data_ptr() of a tensor into *out; 0, or -1 with an error. */
+static int data_pointer(PyObject *tensor, uint64_t *out) {
+  PyObject *v = tensor_call(T_DATA_PTR, tensor);
+  *out = v ? (uint64_t)PyLong_AsUnsignedLongLong(v) : 0;
+  Py_XDECREF(v);
+  return PyErr_Occurred() ? -1 : 0;
 }
 
 /* oneshot(kernels, arena, qsl, qsl_cpu, first_seq, num_seqs, chunk_size, indices_dtype, device,
@@ -109,9 +106,11 @@ PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   }
   Py_XDECREF(where[0]);
   Py_XDECREF(where[1]);
-  uint64_t at[4];
+  /* the launch's arena is the region at cu_seqlens (the tables' offsets are the entry's), and
+     the host copy goes to cu_seqlens_cpu: two data_ptr() calls, each a call into torch */
+  uint64_t region = 0, cu_cpu = 0;
   if (!outputs || !PyTuple_Check(outputs) || PyTuple_GET_SIZE(outputs) != 4 ||
-      data_pointers(&PyTuple_GET_ITEM(outputs, 0), 4, at)) {
+      data_pointer(PyTuple_GET_ITEM(outputs, 1), &region) || data_pointer(PyTuple_GET_ITEM(outputs, 3), &cu_cpu)) {
     if (outputs && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "arena.take must return 4 tensors");
     Py_XDECREF(outputs);
     outputs = NULL;
@@ -119,8 +118,8 @@ PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   PyObject *md = NULL;
   if (outputs) {
     const long long d[7] = {qsl[0], qsl[0], qsl[0], e[1], qsl[2], qsl[2], qsl[2]};
-    int32_t *cu_hosts[1] = {(int32_t *)(uintptr_t)at[3]};
-    int err = step_launch(st, &p, d, at[1], cu_hosts);
+    int32_t *cu_hosts[1] = {(int32_t *)(uintptr_t)cu_cpu};
+    int err = step_launch(st, &p, d, region, cu_hosts);
     if (err) { /* this capsule does not launch from C: not retried every call */
       md = PyDict_SetItem(args[0], key, Py_None) ? NULL : PyLong_FromLong(err);
     } else {

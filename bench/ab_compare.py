@@ -110,7 +110,7 @@ def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
         # Shown, not guarded: each run's figure over its own floor. A process's launch floor is
         # bimodal on an H100 (device 1.82 or 1.94-2.06 us, the same in both trees) and chunkmeta's
         # device time moves with it, so a median over a few runs can land on either mode
-        # (gpu_ab@2026-12-06T02:40:19Z).
+        # (gpu_ab@2026-12-06T02:43:11Z).
         normal = per_floor.get((kind, workload, method, metric), {})
         if method != FLOOR and "new" in normal and "old" in normal:
             row["ratio_per_floor"] = round(statistics.median(normal["new"]) / statistics.median(normal["old"]), 4)
@@ -132,25 +132,25 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
     """The ``gpu_ab`` record of the runs in ``paths`` (this script's outputs): a run marked as an
     experiment is the old tree's, the others the new tree's; its earlier gpu_ab records are left."""
     by_tree: dict[str, list[dict]] = {"new": [], "old": []}
-    abs_ = []
+    ab_records = []
     for path in paths:
         for record in runs.load(path):
             if record["kind"] == "gpu_ab":
-                abs_.append(record)
+                ab_records.append(record)
             elif record["kind"] in METRICS:
                 by_tree["old" if record.get("experiment") else "new"].append(record)
-    if not abs_:
+    if not ab_records:
         raise SystemExit(f"no gpu_ab record in {paths}: not this script's output")
-    first = abs_[0]
+    first = ab_records[0]
     figures = {
-        "pairs": sum(r["figures"]["pairs"] for r in abs_),
+        "pairs": sum(r["figures"]["pairs"] for r in ab_records),
         "rounds": first["figures"]["rounds"],
         "stages": first["figures"]["stages"],
         "old_commit": first["figures"]["old_commit"],
-        "pooled_calls": len(abs_),
+        "pooled_calls": len(ab_records),
     }
     figures.update(compare(by_tree, limit))
-    command = f"python bench/ab_compare.py --pool ({len(abs_)} calls)"
+    command = f"python bench/ab_compare.py --pool ({len(ab_records)} calls)"
     record = runs.make_record("gpu_ab", figures, command=command, commit=first["commit"], device=first["device"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\n")

@@ -6,6 +6,11 @@ kernel order and the CUDA fill's shape are chosen (``chunkmeta.step_builder._CUD
 ``CudaStepFill``).
 
     python bench/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
+                                    [--tables kda_gdn,all_five,mamba2] [--spans auto,off]
+
+``--spans off`` adds the CUDA fill at each shape with ``SHARED_SPANS`` off (Mamba2 rows read their
+sequence's span from global memory): issue 33's A/B found the Mamba2 entry 5% slower than the old
+kernel at 512-1024 sequences, with the shared spans on.
 
 Every configuration is a builder of its own (its kernel compiled on its first build); each build
 is checked against the reference once before and once after its timing, and the empty launch's
@@ -37,14 +42,17 @@ LARGE = [(2048, 2048, 1 << 19), (0, 4096, 1 << 20)]
 
 
 @contextlib.contextmanager
-def forced(kernel: str, shape: tuple[int, int] | None):
+def forced(kernel: str, shape: tuple[int, int] | None, spans: str = "auto"):
     """Builders' C builds, set up inside (after a layout's first build), launch ``kernel``
-    ("cuda" at ``shape``, or "triton")."""
+    ("cuda" at ``shape``, ``SHARED_SPANS`` as the fill decides or ``spans="off"``, or "triton")."""
     plain, first_up_to = cuda_fill.CudaStepFill, step_builder._CUDA_STEP_FILL_FIRST_UP_TO
+    chosen = {} if shape is None else dict(threads=shape[0], block_rows=shape[1])
+    if spans == "off":
+        chosen["shared_spans"] = False
 
     class Shaped(plain):
         def __init__(self, **kw):
-            super().__init__(**kw, **({} if shape is None else dict(threads=shape[0], block_rows=shape[1])))
+            super().__init__(**kw, **chosen)
 
     cuda_fill.CudaStepFill = Shaped  # step_builder imports it when it sets up a C build
     step_builder._CUDA_STEP_FILL_FIRST_UP_TO = 1 << 30 if kernel == "cuda" else 0
@@ -62,10 +70,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--capacities", default=",".join(map(str, CAPACITIES)), help="builder capacities, from 256 1024 4096"
     )
+    parser.add_argument("--tables", default="kda_gdn,all_five", help="table sets, from kda_gdn all_five mamba2")
+    parser.add_argument("--spans", default="auto", help="the CUDA fill's SHARED_SPANS: auto (the fill's choice), off")
     args = parser.parse_args(argv)
     kda = kda_tables(64)
-    table_sets = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}}
-    configs = [("triton", None)] + [("cuda", s) for s in SHAPES]
+    known = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}, "mamba2": mamba2_tables(MAMBA_CHUNK)}
+    table_sets = {name: known[name] for name in args.tables.split(",")}
+    configs = [("triton", None, "auto")] + [("cuda", s, spans) for spans in args.spans.split(",") for s in SHAPES]
     rows = []
     for capacity in (int(c) for c in args.capacities.split(",")):
         for decodes, prefills, tokens in WORKLOADS + LARGE:
@@ -77,7 +88,7 @@ def main(argv=None) -> int:
             floor = device_us_per_call(lambda: empty_kernel[(1,)](floor_x), calls=100, lead_us=100 * 60, repeats=5)
             for set_name, tables in table_sets.items():
                 made = []
-                for kernel, shape in configs:
+                for kernel, shape, spans in configs:
                     if shape is not None and (shape[0] > max(capacity, 32) or shape[1] % shape[0]):
                         continue
                     builder = StepTablesBuilder(capacity, CAPACITIES[capacity], tables=tables, device="cuda")
@@ -87,7 +98,7 @@ def main(argv=None) -> int:
                     def build(b=builder, rows=positions if builder.needs_computed else {}):
                         return b.build(case[1], case[0], first_seq=decodes, **rows)
 
-                    with forced(kernel, shape):
+                    with forced(kernel, shape, spans):
                         exact = is_exact([builder], case, decodes)  # its first build: compiles, sets up
                         build()
                     ran = sorted(set(builder.c_build.values()) - {None})
@@ -95,6 +106,7 @@ def main(argv=None) -> int:
                         {
                             "kernel": kernel,
                             "shape": shape,
+                            "spans": spans,
                             "ran": ran,
                             "exact": exact,
                             "build": build,
@@ -111,6 +123,7 @@ def main(argv=None) -> int:
                     m["exact"] &= is_exact([m["builder"]], case, decodes)
                 line = "  ".join(
                     f"{m['kernel']}{'' if m['shape'] is None else '{}/{}'.format(*m['shape'])}"
+                    f"{'' if m['spans'] == 'auto' else ' spans ' + m['spans']}"
                     f"{'' if m['ran'] == [m['kernel']] else '(ran ' + ','.join(m['ran']) + ')'}"
                     f":{min(m['us']):.2f}{'' if m['exact'] else ' WRONG'}"
                     for m in sorted(made, key=lambda m: min(m["us"]))
@@ -130,6 +143,7 @@ def main(argv=None) -> int:
                             {
                                 "kernel": m["kernel"],
                                 "shape": m["shape"],
+                                "spans": m["spans"],
                                 "ran": m["ran"],
                                 "exact": m["exact"],
                                 "device_us": m["us"],

@@ -32,13 +32,13 @@ pool's reserved bytes) and capture time, whether ``chunkmeta_full``'s outputs an
 ``vllm_piecewise``'s (both run their GEMMs at the bucket's token count), its device time
 (torch.profiler) against its wall time and against ``vllm_piecewise``'s, and issue 34's targets.
 
-``ms_per_step`` is serial (inputs, run, wait, all timed); ``async_ms_per_step`` pipelines the same
-methods over one pre-drawn list of batches, one step in flight, because that is how vLLM 0.33.0
-runs by default: async scheduling is on unless ruled out (vllm/config/vllm.py:1685-1719), and the
-runner builds step N+1 while the GPU runs step N, waiting only for the event recorded after the
-previous step's input copies before rewriting its pinned buffers
-(v1/worker/gpu_model_runner.py:3572-3584, ``synchronize_input_prep``). A step that syncs cannot
-hide the next one's host work.
+``ms_per_step`` is serial (inputs, run, wait, all timed; ``mean_ms_per_step`` its mean);
+``async_ms_per_step`` pipelines the same methods over the serial rounds' batches, one step in
+flight, because that is how vLLM 0.33.0 runs by default: async scheduling is on unless ruled out
+(vllm/config/vllm.py:1685-1719), and the runner builds step N+1 while the GPU runs step N, waiting
+only for the event recorded after the previous step's input copies before rewriting its pinned
+buffers (v1/worker/gpu_model_runner.py:3572-3584, ``synchronize_input_prep``). A step that syncs
+cannot hide the next one's host work.
 
 **decode**: decode-only steps (``--decode-shapes`` requests), vLLM's FULL decode graph (Kimi's
 decode kernels) against the bucket's graph (the chunked path), from the same states.
@@ -226,11 +226,12 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
                     torch.cuda.set_sync_debug_mode("default")
             wait()
             syncs[method] = sum(loop.TORCH_SYNC_WARNING in str(w.message) for w in caught)
-    calls = [0]
+    calls, drawn = [0], []
 
     def timed(method):
         if calls[0] % len(METHODS) == 0:
             next_batch()  # a new batch every round, the same for every method (whatever the order)
+            drawn.append(batch["case"])
         calls[0] += 1
         run(method)
 
@@ -245,13 +246,17 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
     row["finite_output"] = bool(torch.isfinite(final["vllm_piecewise"]).all())
     row["states_equal"] = bench.states_equal("vllm_piecewise", "chunkmeta_full")
     row["piecewise_states_equal"] = bench.states_equal("vllm_piecewise", "chunkmeta_piecewise")
-    # drawn only now, so the serial timing and the comparisons see the batches they always did
-    batches = [random_batch(rng, requests, tokens) for _ in range(steps)]
+    # the serial rounds' batches again, so that the two figures differ by the pipelining alone:
+    # an eager step's host time depends on its batch, and a first pipelined run on other batches
+    # had vllm_piecewise 27% slower than serially at 64 x 4096, unexplained
+    # (vllm_full_graph@2026-12-06T02:32:13Z)
     event = (lambda: torch.cuda.Event(blocking=True)) if cuda else NoEvent  # blocking: as vLLM's runner makes them
-    overlapped = pipelined_ms(run, METHODS, batches, event, wait)
+    overlapped = pipelined_ms(run, METHODS, drawn, event, wait)
     for method in METHODS:
         row[method] = {
             "ms_per_step": median(times[method]),
+            # what the pipelined figure (a block's wall time over its steps) compares with
+            "mean_ms_per_step": sum(times[method]) / len(times[method]),
             "async_ms_per_step": overlapped[method],
             "syncs_per_step": syncs.get(method),
         }

@@ -130,7 +130,8 @@ def compare(records_by_tree: dict[str, list[dict]], limit: float) -> dict:
 
 def pool(paths: list[Path], out: Path, limit: float) -> dict:
     """The ``gpu_ab`` record of the runs in ``paths`` (this script's outputs): a run marked as an
-    experiment is the old tree's, the others the new tree's; its earlier gpu_ab records are left."""
+    experiment is the old tree's, the others the new tree's; the calls' own gpu_ab records only
+    vouch that they compared the same trees on the same machine, and are not kept."""
     by_tree: dict[str, list[dict]] = {"new": [], "old": []}
     ab_records = []
     for path in paths:
@@ -142,6 +143,13 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
     if not ab_records:
         raise SystemExit(f"no gpu_ab record in {paths}: not this script's output")
     first = ab_records[0]
+    for record in ab_records[1:]:
+        for what in ("commit", "device"):
+            if record[what] != first[what]:
+                raise SystemExit(f"{record['id']}: another {what} than {first['id']}'s: not one A/B to pool")
+        for what in ("rounds", "stages", "old_commit"):
+            if record["figures"][what] != first["figures"][what]:
+                raise SystemExit(f"{record['id']}: another {what} than {first['id']}'s: not one A/B to pool")
     figures = {
         "pairs": sum(r["figures"]["pairs"] for r in ab_records),
         "rounds": first["figures"]["rounds"],
@@ -170,8 +178,9 @@ def share_carried(new: Path, old: Path) -> None:
     none: with vLLM's functions in one tree's step_tables only, its processes import vLLM and
     the other's do not, which is not the same process to time."""
     for name in CARRIED:
-        if (new / name).exists() and not (old / name).exists():
-            (old / name).symlink_to((new / name).resolve())
+        if (new / name).exists() and not os.path.lexists(old / name):  # a dangling link is the old tree's
+            # relative: the trees travel to the GPU machine side by side, not to the same paths
+            (old / name).symlink_to(os.path.relpath((new / name).resolve(), old.resolve()))
 
 
 def run_tree(tree: Path, stages: list[str], out: Path, env: dict) -> list[dict]:
@@ -212,6 +221,7 @@ def main(argv: list[str]) -> int:
     command = f"python bench/ab_compare.py --pairs {args.pairs} --rounds {args.rounds} --stages '{args.stages}'"
     args.out.mkdir(parents=True, exist_ok=True)
     figures = {}
+    runs_done = {"new": 0, "old": 0}
     for pair in range(args.pairs):
         for tree in ("new", "old") if pair % 2 == 0 else ("old", "new"):
             path, commit = trees[tree]
@@ -221,7 +231,9 @@ def main(argv: list[str]) -> int:
                 record["experiment"] = experiment
             by_tree[tree] += made
             # written after every run: a call cut short by its time limit still returns its runs
-            figures = {"pairs": pair + 1, "rounds": args.rounds, "stages": stages, "old_commit": args.old_commit}
+            runs_done[tree] += 1
+            complete = min(runs_done.values())  # a call cut short mid-pair counts the pairs it finished
+            figures = {"pairs": complete, "rounds": args.rounds, "stages": stages, "old_commit": args.old_commit}
             figures.update(compare(by_tree, args.limit))
             ab = runs.make_record("gpu_ab", figures, command=command, commit=new_commit)
             every = by_tree["new"] + by_tree["old"] + ([ab] if figures["rows"] else [])

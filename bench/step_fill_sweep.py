@@ -8,7 +8,7 @@ kernel order and the CUDA fill's shape are chosen (``chunkmeta.step_builder._CUD
     python bench/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
                                     [--tables kda_gdn,all_five,mamba2] [--spans auto,off]
 
-``--spans off`` adds the CUDA fill at each shape with ``SHARED_SPANS`` off (Mamba2 rows read their
+``--spans auto,off`` adds the CUDA fill at each shape with ``SHARED_SPANS`` off (Mamba2 rows read their
 sequence's span from global memory): issue 33's A/B found the Mamba2 entry 5% slower than the old
 kernel at 512-1024 sequences, with the shared spans on.
 
@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     kda = kda_tables(64)
     known = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}, "mamba2": mamba2_tables(MAMBA_CHUNK)}
+    unknown = set(args.tables.split(",")) - set(known) | set(args.spans.split(",")) - {"auto", "off"}
+    if unknown:
+        parser.error(f"unknown --tables / --spans values {sorted(unknown)}")
     table_sets = {name: known[name] for name in args.tables.split(",")}
     configs = [("triton", None, "auto")] + [("cuda", s, spans) for spans in args.spans.split(",") for s in SHAPES]
     rows = []

@@ -36,9 +36,9 @@ pool's reserved bytes) and capture time, whether ``chunkmeta_full``'s outputs an
 ``async_ms_per_step`` pipelines the same methods over the serial rounds' batches, one step in
 flight, because that is how vLLM 0.33.0 runs by default: async scheduling is on unless ruled out
 (vllm/config/vllm.py:1685-1719), and the runner builds step N+1 while the GPU runs step N, waiting
-only for the event recorded after the previous step's input copies before rewriting its pinned
-buffers (v1/worker/gpu_model_runner.py:3572-3584, ``synchronize_input_prep``). A step that syncs
-cannot hide the next one's host work.
+only for the event recorded after the previous step's input preparation (its copies and the
+attention metadata) before rewriting its pinned buffers (v1/worker/gpu_model_runner.py:3572-3584,
+``synchronize_input_prep``). A step that syncs cannot hide the next one's host work.
 
 **decode**: decode-only steps (``--decode-shapes`` requests), vLLM's FULL decode graph (Kimi's
 decode kernels) against the bucket's graph (the chunked path), from the same states.
@@ -167,12 +167,16 @@ class FullStep:
         stage(self.inputs, m)
         self.h[: x.shape[0]].copy_(x)
 
-    def step(self, m, x) -> torch.Tensor:
-        self.load(m, x)
+    def launch(self) -> torch.Tensor:
+        """The step on the loaded inputs: the replay, or on CPU without graphs the eager run."""
         if self.replay is None:
             return self._run(self.bench.engine.caches[self.method])
         self.replay()
         return self.out
+
+    def step(self, m, x) -> torch.Tensor:
+        self.load(m, x)
+        return self.launch()
 
 
 def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, mode: str) -> dict:
@@ -193,16 +197,19 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
     def next_batch():
         batch["case"] = random_batch(rng, requests, tokens)
 
-    def run(method, case=None, inputs_copied=None):
+    def run(method, case=None, inputs_prepared=lambda: None):
+        """One step; ``inputs_prepared()`` once its inputs and metadata are staged, where vLLM's
+        runner records the event the next step's input preparation waits on."""
         query, context = batch["case"] if case is None else case
         m = bench.engine.inputs.common_metadata(query, context)
-        if inputs_copied is not None:
-            inputs_copied()
         x = bench.engine.x[: m.num_actual_tokens]
         if method == "chunkmeta_full":
-            last[method] = full.step(m, x)[: m.num_actual_tokens]
+            full.load(m, x)
+            inputs_prepared()
+            last[method] = full.launch()[: m.num_actual_tokens]
             return
         metadata = bench.builders[method].build(0, m)
+        inputs_prepared()
         caches = bench.engine.caches[method]
 
         def attention(i, mixed_qkv, g1, beta):
@@ -252,6 +259,9 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
     # (vllm_full_graph@2026-12-06T02:32:13Z)
     event = (lambda: torch.cuda.Event(blocking=True)) if cuda else NoEvent  # blocking: as vLLM's runner makes them
     overlapped = pipelined_ms(run, METHODS, drawn, event, wait)
+    # every method ran the same batches again, so their states must still agree: a pinned buffer
+    # rewritten before its copy ran would show here
+    row["async_states_equal"] = bench.states_equal("vllm_piecewise", "chunkmeta_full")
     for method in METHODS:
         row[method] = {
             "ms_per_step": median(times[method]),
@@ -264,7 +274,7 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
     row["speedup_full"] = base / row["chunkmeta_full"]["ms_per_step"]
     row["speedup_piecewise"] = base / row["chunkmeta_piecewise"]["ms_per_step"]
     row["speedup_full_async"] = overlapped["vllm_piecewise"] / overlapped["chunkmeta_full"]
-    if cuda:  # after the comparisons: these steps move chunkmeta_full's states alone
+    if cuda:  # after the comparisons: these steps move the profiled methods' states alone
         kernel_ms, launches = device_profile(lambda: run("chunkmeta_full"), wait)
         row["chunkmeta_full_kernel_ms"], row["chunkmeta_full_launches_per_step"] = kernel_ms, launches
         row["chunkmeta_full_over_kernels"] = row["chunkmeta_full"]["ms_per_step"] / kernel_ms
@@ -292,15 +302,15 @@ class NoEvent:
 
 
 def pipelined(step, batches: list, event) -> None:
-    """``step(case, inputs_copied)`` over ``batches`` with one step in flight, as vLLM's async
+    """``step(case, inputs_prepared)`` over ``batches`` with one step in flight, as vLLM's async
     scheduling runs them: step N+1's inputs are built and its work launched while the GPU runs
     step N, then step N's completion is awaited (the runner's sampled-token copy)."""
-    copied, previous = event(), None
+    prepared, previous = event(), None
     for case in batches:
         # the harness's runner rewrites the pinned host buffers that the previous step's
         # non-blocking copies read from: without this wait they could copy the next step's inputs
-        copied.synchronize()
-        step(case, copied.record)
+        prepared.synchronize()
+        step(case, prepared.record)
         done = event()
         done.record()
         if previous is not None:
@@ -309,11 +319,11 @@ def pipelined(step, batches: list, event) -> None:
 
 
 def pipelined_ms(run, methods, batches: list, event, wait, blocks: int = 3) -> dict[str, float]:
-    """Per method, ms/step of ``run(method, case, inputs_copied)`` pipelined over ``batches`` (the
+    """Per method, ms/step of ``run(method, case, inputs_prepared)`` pipelined over ``batches`` (the
     same list for each): the median over ``blocks`` blocks, each timed to its final ``wait()``,
     the methods rotated block by block (``interleaved_ms``) so drift weighs on each alike."""
     times = interleaved_ms(
-        lambda method: pipelined(lambda case, copied: run(method, case, copied), batches, event),
+        lambda method: pipelined(lambda case, prepared: run(method, case, prepared), batches, event),
         list(methods),
         blocks,
         wait=wait,

@@ -107,7 +107,8 @@ PyObject *py_oneshot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   Py_XDECREF(where[0]);
   Py_XDECREF(where[1]);
   /* the launch's arena is the region at cu_seqlens (the tables' offsets are the entry's), and
-     the host copy goes to cu_seqlens_cpu: two data_ptr() calls, each a call into torch */
+     the host copy goes to cu_seqlens_cpu: two data_ptr() calls, each a call into torch (the
+     other two outputs are arena.take's views too, chunkmeta.arena: not called, not checked) */
   uint64_t region = 0, cu_cpu = 0;
   if (!outputs || !PyTuple_Check(outputs) || PyTuple_GET_SIZE(outputs) != 4 ||
       data_pointer(PyTuple_GET_ITEM(outputs, 1), &region) || data_pointer(PyTuple_GET_ITEM(outputs, 3), &cu_cpu)) {

@@ -2,6 +2,7 @@
 picture drawn from them, and `render --check` failing on either when it is stale."""
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -243,7 +244,61 @@ def test_ab_compare_shows_each_run_over_its_floor_and_shares_the_carried_bundles
     assert "ratio_per_floor" not in rows[("floor", "device_us")]
     new_tree, old_tree = tmp_path / "new", tmp_path / "old"
     (new_tree / ".vllm_bundle").mkdir(parents=True)
-    (old_tree / ".whl").mkdir(parents=True)
+    (new_tree / ".whl").mkdir()
+    (old_tree / "elsewhere").mkdir(parents=True)
+    (old_tree / ".whl").symlink_to("gone")  # the old tree's own, dangling: kept, not replaced
     ab_compare.share_carried(new_tree, old_tree)
     assert (old_tree / ".vllm_bundle").resolve() == (new_tree / ".vllm_bundle").resolve()
-    assert not (old_tree / ".whl").is_symlink()  # the old tree's own stays
+    assert not Path(os.readlink(old_tree / ".vllm_bundle")).is_absolute()  # the trees travel side by side
+    assert os.readlink(old_tree / ".whl") == "gone"
+
+
+def test_ab_compare_pools_only_one_ab(tmp_path):
+    import ab_compare
+
+    def call(name, **changed):
+        new = _tables_record("gpu_compare", 2.0, 6.0, 2.0)
+        figures = {"pairs": 1, "rounds": 3, "stages": ["bench"], "old_commit": "o", "rows": [], **changed}
+        ab = results.make_record("gpu_ab", figures, command="x", commit="c", device={})
+        path = tmp_path / name / "runs.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in (new, ab)))
+        return path
+
+    first = call("a")
+    for name, changed in (("b", {"old_commit": "p"}), ("c", {"rounds": 6})):
+        with pytest.raises(SystemExit, match="not one A/B"):
+            ab_compare.pool([first, call(name, **changed)], tmp_path / "out", 1.05)
+
+
+def test_full_graph_pipeline_keeps_one_step_in_flight():
+    import vllm_full_graph
+
+    log = []
+
+    class Event:
+        made = 0
+
+        def __init__(self):
+            Event.made += 1
+            self.name = f"e{Event.made}"
+
+        def record(self):
+            log.append(f"record {self.name}")
+
+        def synchronize(self):
+            log.append(f"wait {self.name}")
+
+    def step(case, inputs_prepared):
+        log.append(f"inputs {case}")
+        inputs_prepared()
+        log.append(f"launch {case}")
+
+    vllm_full_graph.pipelined(step, ["A", "B"], Event)
+    assert log == [
+        "wait e1",  # the inputs event (nothing recorded yet)
+        "inputs A", "record e1", "launch A", "record e2",  # e2: A done
+        "wait e1",  # A's inputs prepared before B rewrites the pinned buffers
+        "inputs B", "record e1", "launch B", "record e3",
+        "wait e2",  # then A's completion: one step in flight
+    ]  # fmt: skip

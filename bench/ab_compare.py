@@ -144,12 +144,14 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
         raise SystemExit(f"no gpu_ab record in {paths}: not this script's output")
     first = ab_records[0]
     for record in ab_records[1:]:
-        for what in ("commit", "device"):
-            if record[what] != first[what]:
-                raise SystemExit(f"{record['id']}: another {what} than {first['id']}'s: not one A/B to pool")
-        for what in ("rounds", "stages", "old_commit"):
-            if record["figures"][what] != first["figures"][what]:
-                raise SystemExit(f"{record['id']}: another {what} than {first['id']}'s: not one A/B to pool")
+        # a device's figures that one record has and the other not (NVRTC's version, known once a
+        # fill was compiled in the process) do not tell machines apart
+        device = record["device"], first["device"]
+        differs = [k for k in device[0].keys() & device[1].keys() if device[0][k] != device[1][k]]
+        differs += [k for k in ("commit",) if record[k] != first[k]]
+        differs += [k for k in ("rounds", "stages", "old_commit") if record["figures"][k] != first["figures"][k]]
+        if differs:
+            raise SystemExit(f"{record['id']}: another {', '.join(differs)} than {first['id']}'s: not one A/B to pool")
     figures = {
         "pairs": sum(r["figures"]["pairs"] for r in ab_records),
         "rounds": first["figures"]["rounds"],

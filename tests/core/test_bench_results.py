@@ -256,19 +256,21 @@ def test_ab_compare_shows_each_run_over_its_floor_and_shares_the_carried_bundles
 def test_ab_compare_pools_only_one_ab(tmp_path):
     import ab_compare
 
-    def call(name, **changed):
+    def call(name, device=None, **changed):
         new = _tables_record("gpu_compare", 2.0, 6.0, 2.0)
         figures = {"pairs": 1, "rounds": 3, "stages": ["bench"], "old_commit": "o", "rows": [], **changed}
-        ab = results.make_record("gpu_ab", figures, command="x", commit="c", device={})
+        ab = results.make_record("gpu_ab", figures, command="x", commit="c", device=device or {"gpu": "H100"})
         path = tmp_path / name / "runs.jsonl"
         path.parent.mkdir()
         path.write_text("".join(json.dumps(r) + "\n" for r in (new, ab)))
         return path
 
     first = call("a")
-    for name, changed in (("b", {"old_commit": "p"}), ("c", {"rounds": 6})):
+    for name, changed in (("b", {"old_commit": "p"}), ("c", {"rounds": 6}), ("d", {"device": {"gpu": "H200"}})):
         with pytest.raises(SystemExit, match="not one A/B"):
             ab_compare.pool([first, call(name, **changed)], tmp_path / "out", 1.05)
+    # a figure one call's device has and the other's not is no other machine
+    assert ab_compare.pool([first, call("e", device={"gpu": "H100", "nvrtc": "13.0"})], tmp_path / "out", 1.05)
 
 
 def test_full_graph_pipeline_keeps_one_step_in_flight():

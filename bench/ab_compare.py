@@ -27,7 +27,6 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -163,7 +162,7 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
     command = f"python bench/ab_compare.py --pool ({len(ab_records)} calls)"
     record = runs.make_record("gpu_ab", figures, command=command, commit=first["commit"], device=first["device"])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "runs.jsonl").write_text(json.dumps(record, ensure_ascii=False) + "\n")
+    runs.write_records(out / "runs.jsonl", [record])
     return figures
 
 
@@ -239,7 +238,7 @@ def main(argv: list[str]) -> int:
             figures.update(compare(by_tree, args.limit))
             ab = runs.make_record("gpu_ab", figures, command=command, commit=new_commit)
             every = by_tree["new"] + by_tree["old"] + ([ab] if figures["rows"] else [])
-            (args.out / "runs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in every))
+            runs.write_records(args.out / "runs.jsonl", every)
     report(figures)
     return 0 if figures["rows"] else 1
 

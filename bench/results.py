@@ -133,6 +133,11 @@ def save(kind: str, figures: dict, *, script: str, argv: list[str], out: str | o
     return record
 
 
+def write_records(path: str | os.PathLike, records: list[dict]) -> None:
+    """``path`` holding ``records``, one JSON object a line (what ``load`` reads)."""
+    Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
 def write_record(out_dir: str | os.PathLike, record: dict) -> Path:
     """Append ``record`` to ``out_dir/<kind>.runs.jsonl`` (run_gpu.sh gathers those files)."""
     path = Path(out_dir) / f"{record['kind']}{RECORD_SUFFIX}"
@@ -282,7 +287,7 @@ def gather(directory: str, to: str | None = None) -> int:
     out = Path(to) if to else Path(directory) / "runs.jsonl"
     parts = sorted(Path(directory).glob(f"*{RECORD_SUFFIX}"))
     records = [r for p in parts for r in load(p)]
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    write_records(out, records)
     print(f"{out}: {len(records)} records from {len(parts)} files")
     return 0
 

@@ -552,7 +552,7 @@ def format_tables(figures: dict, device: str) -> str:
                 f"{r['chunkmeta_full_over_kernels']:.2f}x (async {r['chunkmeta_full_async_over_kernels']:.2f}x; "
                 f"{r['chunkmeta_full_kernel_ms']:.3f} ms in "
                 f"{r['chunkmeta_full_launches_per_step']:.0f} kernels; graph {r['chunkmeta_full_replay_ms']:.3f} ms; "
-                f"vllm_piecewise's kernels {r.get('vllm_piecewise_kernel_ms', float('nan')):.3f} ms; "
+                f"vllm_piecewise's kernels {r['vllm_piecewise_kernel_ms']:.3f} ms; "
                 f"host inputs {host['inputs']:.3f} / load {host['load']:.3f} / launch {host['launch']:.3f} / "
                 f"wait {host['wait']:.3f} ms)"
             )

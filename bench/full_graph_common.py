@@ -100,14 +100,15 @@ def linear_attention_mixed(bench: Bench, inputs, mixed_qkv, g1, beta, w, cache) 
     )  # fmt: skip
 
 
+def stage_args(m) -> tuple:
+    """``MixedStepInputs.stage``'s arguments from vLLM's common metadata, as the chunkmeta builder
+    passes them for a captured mixed step."""
+    return m.query_start_loc, m.query_start_loc_cpu, m.block_table_tensor[:, 0], m.compute_num_computed_tokens()
+
+
 def stage(inputs, m) -> None:
     """What the chunkmeta builder does for a captured mixed step, from vLLM's common metadata."""
-    inputs.stage(
-        m.query_start_loc,
-        m.query_start_loc_cpu,
-        m.block_table_tensor[:, 0],
-        m.compute_num_computed_tokens(),
-    )
+    inputs.stage(*stage_args(m))
 
 
 class Captured(NamedTuple):

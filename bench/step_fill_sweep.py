@@ -6,11 +6,15 @@ kernel order and the CUDA fill's shape are chosen (``chunkmeta.step_builder._CUD
 ``CudaStepFill``).
 
     python bench/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
-                                    [--tables kda_gdn,all_five,mamba2] [--spans auto,off]
+                                    [--tables kda_gdn,all_five,mamba2] [--shapes 256/256,512/512]
+                                    [--variants auto,spans_off,unpaired,old=.old/chunkmeta/csrc/step_fill.cu]
 
-``--spans auto,off`` adds the CUDA fill at each shape with ``SHARED_SPANS`` off (Mamba2 rows read their
-sequence's span from global memory): issue 33's A/B found the Mamba2 entry 5% slower than the old
-kernel at 512-1024 sequences, with the shared spans on.
+``--variants`` lists the CUDA fills measured at each shape: ``auto`` (the fill as the builder makes
+it), ``spans_off`` (``SHARED_SPANS`` off: Mamba2 rows read their sequence's span from global
+memory), ``unpaired`` (no entry's scan packs two rounds), and ``NAME=FILE``: another
+``step_fill.cu`` with the same parameters (another commit's, an experiment) compiled with the
+fill's defines and headers. Kernels of two trees compared in one process see the same launch
+floor, which an A/B of two processes does not (issue 33's A/B: the floor is bimodal on an H100).
 
 Every configuration is a builder of its own (its kernel compiled on its first build); each build
 is checked against the reference once before and once after its timing, and the empty launch's
@@ -42,17 +46,28 @@ LARGE = [(2048, 2048, 1 << 19), (0, 4096, 1 << 20)]
 
 
 @contextlib.contextmanager
-def forced(kernel: str, shape: tuple[int, int] | None, spans: str = "auto"):
+def forced(kernel: str, shape: tuple[int, int] | None, variant: str = "auto"):
     """Builders' C builds, set up inside (after a layout's first build), launch ``kernel``
-    ("cuda" at ``shape``, ``SHARED_SPANS`` as the fill decides or ``spans="off"``, or "triton")."""
+    ("cuda" at ``shape`` as ``variant`` makes it, or "triton")."""
     plain, first_up_to = cuda_fill.CudaStepFill, step_builder._CUDA_STEP_FILL_FIRST_UP_TO
     chosen = {} if shape is None else dict(threads=shape[0], block_rows=shape[1])
-    if spans == "off":
+    if variant == "spans_off":
         chosen["shared_spans"] = False
+    if variant == "unpaired":
+        chosen["row_capacities"] = ()  # no capacity known: no entry pairs its scan
+    other = Path(variant.partition("=")[2]).read_text() if "=" in variant else None
 
     class Shaped(plain):
         def __init__(self, **kw):
-            super().__init__(**kw, **chosen)
+            super().__init__(**{**kw, **chosen})
+            if other is not None:  # kernels are cached per process by their defines
+                self.defines += (("STEP_FILL_VARIANT", variant.partition("=")[0]),)
+
+        def source(self, dtypes) -> bytes:
+            text = super().source(dtypes)
+            if other is None:
+                return text
+            return text[: text.index(cuda_fill.jit.source(cuda_fill.STEP_SOURCE).encode())] + other.encode()
 
     cuda_fill.CudaStepFill = Shaped  # step_builder imports it when it sets up a C build
     step_builder._CUDA_STEP_FILL_FIRST_UP_TO = 1 << 30 if kernel == "cuda" else 0
@@ -63,6 +78,15 @@ def forced(kernel: str, shape: tuple[int, int] | None, spans: str = "auto"):
         step_builder._CUDA_STEP_FILL_FIRST_UP_TO = first_up_to
 
 
+def parse_variant(value: str) -> str:
+    if value in ("auto", "spans_off", "unpaired"):
+        return value
+    name, _, path = value.partition("=")
+    if not name or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"{value!r}: auto, spans_off, unpaired or NAME=FILE (a step_fill.cu)")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
@@ -71,15 +95,21 @@ def main(argv=None) -> int:
         "--capacities", default=",".join(map(str, CAPACITIES)), help="builder capacities, from 256 1024 4096"
     )
     parser.add_argument("--tables", default="kda_gdn,all_five", help="table sets, from kda_gdn all_five mamba2")
-    parser.add_argument("--spans", default="auto", help="the CUDA fill's SHARED_SPANS: auto (the fill's choice), off")
+    parser.add_argument("--shapes", default=",".join(f"{t}/{r}" for t, r in SHAPES), help="THREADS/BLOCK_ROWS")
+    parser.add_argument("--variants", default="auto", help="the CUDA fills: auto spans_off unpaired NAME=FILE")
     args = parser.parse_args(argv)
     kda = kda_tables(64)
     known = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}, "mamba2": mamba2_tables(MAMBA_CHUNK)}
-    unknown = set(args.tables.split(",")) - set(known) | set(args.spans.split(",")) - {"auto", "off"}
+    unknown = set(args.tables.split(",")) - set(known)
     if unknown:
-        parser.error(f"unknown --tables / --spans values {sorted(unknown)}")
+        parser.error(f"unknown --tables values {sorted(unknown)}")
+    try:
+        variants = [parse_variant(v) for v in args.variants.split(",")]
+        shapes = [tuple(int(x) for x in shape.split("/")) for shape in args.shapes.split(",")]
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser.error(str(exc))
     table_sets = {name: known[name] for name in args.tables.split(",")}
-    configs = [("triton", None, "auto")] + [("cuda", s, spans) for spans in args.spans.split(",") for s in SHAPES]
+    configs = [("triton", None, "auto")] + [("cuda", s, v) for v in variants for s in shapes]
     rows = []
     for capacity in (int(c) for c in args.capacities.split(",")):
         for decodes, prefills, tokens in WORKLOADS + LARGE:
@@ -91,7 +121,7 @@ def main(argv=None) -> int:
             floor = device_us_per_call(lambda: empty_kernel[(1,)](floor_x), calls=100, lead_us=100 * 60, repeats=5)
             for set_name, tables in table_sets.items():
                 made = []
-                for kernel, shape, spans in configs:
+                for kernel, shape, variant in configs:
                     if shape is not None and (shape[0] > max(capacity, 32) or shape[1] % shape[0]):
                         continue
                     builder = StepTablesBuilder(capacity, CAPACITIES[capacity], tables=tables, device="cuda")
@@ -101,7 +131,7 @@ def main(argv=None) -> int:
                     def build(b=builder, rows=positions if builder.needs_computed else {}):
                         return b.build(case[1], case[0], first_seq=decodes, **rows)
 
-                    with forced(kernel, shape, spans):
+                    with forced(kernel, shape, variant):
                         exact = is_exact([builder], case, decodes)  # its first build: compiles, sets up
                         build()
                     ran = sorted(set(builder.c_build.values()) - {None})
@@ -109,7 +139,7 @@ def main(argv=None) -> int:
                         {
                             "kernel": kernel,
                             "shape": shape,
-                            "spans": spans,
+                            "variant": variant.partition("=")[0],
                             "ran": ran,
                             "exact": exact,
                             "build": build,
@@ -126,7 +156,7 @@ def main(argv=None) -> int:
                     m["exact"] &= is_exact([m["builder"]], case, decodes)
                 line = "  ".join(
                     f"{m['kernel']}{'' if m['shape'] is None else '{}/{}'.format(*m['shape'])}"
-                    f"{'' if m['spans'] == 'auto' else ' spans ' + m['spans']}"
+                    f"{'' if m['variant'] == 'auto' else ' ' + m['variant']}"
                     f"{'' if m['ran'] == [m['kernel']] else '(ran ' + ','.join(m['ran']) + ')'}"
                     f":{min(m['us']):.2f}{'' if m['exact'] else ' WRONG'}"
                     for m in sorted(made, key=lambda m: min(m["us"]))
@@ -146,7 +176,7 @@ def main(argv=None) -> int:
                             {
                                 "kernel": m["kernel"],
                                 "shape": m["shape"],
-                                "spans": m["spans"],
+                                "variant": m["variant"],
                                 "ran": m["ran"],
                                 "exact": m["exact"],
                                 "device_us": m["us"],

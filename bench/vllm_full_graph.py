@@ -77,6 +77,7 @@ from full_graph_common import (  # noqa: E402
     random_batch,
     request_bucket,
     stage,
+    stage_args,
 )
 from full_graph_exact import GdnCase, KdaCase, run_exact  # noqa: E402
 
@@ -164,7 +165,7 @@ class FullStep:
 
     def load(self, m, x) -> None:
         """A step's inputs into the graph's: ``stage()`` (chunkmeta's one fill) and the hidden states."""
-        stage(self.inputs, m)
+        self.inputs.stage(*stage_args(m))
         self.h[: x.shape[0]].copy_(x)
 
     def launch(self) -> torch.Tensor:
@@ -471,25 +472,34 @@ def targets(rows: list[dict]) -> dict:
 
 def host_parts(bench: Bench, full: FullStep, next_batch, batch: dict, wait, steps: int = 20) -> dict:
     """Medians over ``steps`` new batches of a ``chunkmeta_full`` step's serial parts, in ms: the
-    runner's inputs (the harness's vLLM ``CommonAttentionMetadata``), ``load`` (``stage()``:
-    chunkmeta's checks and fill; the hidden states' copy), the replay's launch, then the wait for
-    the GPU (the graph's time less what ran while the host was still launching)."""
-    parts = {"inputs": [], "load": [], "launch": [], "wait": []}
+    runner's inputs (the harness's vLLM ``CommonAttentionMetadata``), ``load`` (the three after it
+    summed), the replay's launch, then the wait for the GPU (the graph's time less what ran while
+    the host was still launching). ``load``'s parts: ``stage_args`` (what vLLM's own builder
+    derives too: the state indices' column, ``compute_num_computed_tokens()``), ``stage``
+    (chunkmeta's checks, fill and copies) and ``hidden`` (the hidden states' copy in)."""
+    names = ("inputs", "stage_args", "stage", "hidden", "launch", "wait")
+    parts = {name: [] for name in names}
     for _ in range(steps):
         next_batch()
         query, context = batch["case"]
-        t0 = time.perf_counter()
+        marks = [time.perf_counter()]
         m = bench.engine.inputs.common_metadata(query, context)
-        t1 = time.perf_counter()
-        full.load(m, bench.engine.x[: m.num_actual_tokens])
-        t2 = time.perf_counter()
+        marks.append(time.perf_counter())
+        args = stage_args(m)
+        marks.append(time.perf_counter())
+        full.inputs.stage(*args)
+        marks.append(time.perf_counter())
+        full.h[: m.num_actual_tokens].copy_(bench.engine.x[: m.num_actual_tokens])
+        marks.append(time.perf_counter())
         full.replay()
-        t3 = time.perf_counter()
+        marks.append(time.perf_counter())
         wait()
-        t4 = time.perf_counter()
-        for name, (a, b) in zip(parts, ((t0, t1), (t1, t2), (t2, t3), (t3, t4)), strict=True):
+        marks.append(time.perf_counter())
+        for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
             parts[name].append((b - a) * 1e3)
-    return {name: median(values) for name, values in parts.items()}
+    figures = {name: median(values) for name, values in parts.items()}
+    figures["load"] = median([sum(v) for v in zip(parts["stage_args"], parts["stage"], parts["hidden"])])
+    return figures
 
 
 def device_profile(step, wait, repeats: int = 3) -> tuple[float, float]:
@@ -553,7 +563,8 @@ def format_tables(figures: dict, device: str) -> str:
                 f"{r['chunkmeta_full_kernel_ms']:.3f} ms in "
                 f"{r['chunkmeta_full_launches_per_step']:.0f} kernels; graph {r['chunkmeta_full_replay_ms']:.3f} ms; "
                 f"vllm_piecewise's kernels {r['vllm_piecewise_kernel_ms']:.3f} ms; "
-                f"host inputs {host['inputs']:.3f} / load {host['load']:.3f} / launch {host['launch']:.3f} / "
+                f"host inputs {host['inputs']:.3f} / load {host['load']:.3f} (args {host['stage_args']:.3f}, "
+                f"stage {host['stage']:.3f}, hidden {host['hidden']:.3f}) / launch {host['launch']:.3f} / "
                 f"wait {host['wait']:.3f} ms)"
             )
         lines.append(

@@ -498,7 +498,7 @@ def host_parts(bench: Bench, full: FullStep, next_batch, batch: dict, wait, step
         for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
             parts[name].append((b - a) * 1e3)
     figures = {name: median(values) for name, values in parts.items()}
-    figures["load"] = median([sum(v) for v in zip(parts["stage_args"], parts["stage"], parts["hidden"])])
+    figures["load"] = median([sum(v) for v in zip(parts["stage_args"], parts["stage"], parts["hidden"], strict=True)])
     return figures
 
 

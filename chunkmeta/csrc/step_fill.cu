@@ -67,83 +67,31 @@ __device__ __forceinline__ void store_sequence(const COMP_T *computed, const CKP
   }
 }
 
-/* Warp w owns the WARP_LANES consecutive sequences from w * WARP_LANES and takes them in ROUNDS
-   rounds of 32, one a lane: in round k lane l holds sequence w * WARP_LANES + 32 k + l, so each
-   round's loads and stores are one contiguous run and the shared-memory ends are written without
-   bank conflicts (a thread-contiguous layout cost up to 26% more device time at 4096 sequences:
-   bench/results/runs.jsonl, gpu_compare@2026-12-03T13:35:28Z against the one-table fill). */
+/* Warp w owns the WARP_LANES consecutive sequences from w * WARP_LANES, in one of two layouts.
+   Lanes: in round k lane l holds sequence w * WARP_LANES + 32 k + l, so each round's loads and
+   stores are one contiguous run and the shared-memory ends are written without bank conflicts
+   (the contiguous layout cost the FLA entry up to 26% more device time at 4096 sequences:
+   bench/results/runs.jsonl, gpu_compare@2026-12-03T13:35:28Z against the one-table fill).
+   Contiguous: thread t holds sequences t * ROUNDS + k, k < ROUNDS, and the warp scans once, not
+   once a round: the entries that count chunks in 64 bits from a position (Mamba2, logical) up to
+   4 rounds, where the lanes layout made the Mamba2 step 3-4% slower than the old kernel's
+   contiguous one at 1024 sequences (issue 33's A/B, gpu_ab@2026-12-06T02:43:11Z, H100). */
 constexpr int WARPS = THREADS / 32, ROUNDS = SEQ_LANES / THREADS, WARP_LANES = 32 * ROUNDS;
 constexpr int LOG2_WARP_LANES = log2_of(WARP_LANES), ROWS_PER_THREAD = BLOCK_ROWS / THREADS;
 constexpr int NO_END = 0x7fffffff; /* the end of a lane past the slice's sequences: past every row */
 
-template <int J>
-__device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_loc,
-                                          const COMP_T *__restrict__ computed, const CKPT_T *__restrict__ checkpoints,
-                                          char *__restrict__ arena, int first, int n, int num_rows, int pid,
-                                          int programs, int *ends) {
-  constexpr int kind = (int)entry_table[J][KIND], shift = (int)entry_table[J][SHIFT];
-  constexpr int base_kind = (int)entry_table[J][BASE], flag = (int)entry_table[J][FLAG];
-  constexpr bool split = kind == MAMBA2 && flag;
-  constexpr bool paired = ((PAIRED_ENTRIES >> J) & 1) && ROUNDS % 2 == 0;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const QSL_T *q = query_start_loc + first;
+/* The warp's running sum of its sequences' chunks, in place (run[k] becomes the chunks of the
+   warp's sequences up to and including the one lane holds in round k): the warp's total.
 
-  /* every load first, the slice's base and end included: a load issued after the barrier would
-     put a whole global-memory latency on the critical path */
-  const QSL_T base = q[0];
-  /* the padding's token end; an exact layout has no padding (and no load for it) */
-  const long long num_tokens = PADDED ? (long long)(q[n] - base) : 0;
-  QSL_T starts[ROUNDS], stops[ROUNDS];
-  /* a MAMBA2 / LOGICAL row needs its sequence's start, length and position (and checkpoint):
-     with SHARED_SPANS kept in shared memory from the loads below, so that a row reads them there
-     after its search, not from global memory (a dependent load on the rows' critical path, which
-     made the Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
-     Relative token positions, lengths, positions (computed + len) and checkpoints fit int32
-     (host-validated), so each is an int: 12 KiB at 1024 lanes, 16 with checkpoints; the host
-     turns SHARED_SPANS off where the kernel's static shared memory would pass its budget
-     (chunkmeta.fill.cuda_fill.SHARED_SPAN_LIMIT). */
-  constexpr bool row_spans = SHARED_SPANS && (kind == MAMBA2 || kind == LOGICAL);
-  __shared__ int span_start[row_spans ? SEQ_LANES : 1], span_len[row_spans ? SEQ_LANES : 1];
-  __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[row_spans && split ? SEQ_LANES : 1];
-#pragma unroll
-  for (int k = 0; k < ROUNDS; k++) {
-    const int s = warp * WARP_LANES + 32 * k + lane;
-    starts[k] = s < n ? q[s] : (QSL_T)0;
-    stops[k] = s < n ? q[s + 1] : (QSL_T)0;
-  }
-
-  /* per sequence its chunks, then their running sum through the warp's sequences in order: one
-     warp scan a round, the rounds interleaved, then each round carried past the ones before */
-  int count[ROUNDS], run[ROUNDS];
-#pragma unroll
-  for (int k = 0; k < ROUNDS; k++) {
-    const int s = warp * WARP_LANES + 32 * k + lane;
-    int c = 0;
-    if (base_kind == 0 && !split && !row_spans) {
-      /* chunks from the sequence's own first token (FLA, conv): 32-bit, since at 4096 sequences
-         the scan's instructions are the kernel's time (16 warps an SM); lengths fit int32
-         (host-validated), so the unsigned add cannot wrap */
-      const unsigned len = s < n ? (unsigned)(stops[k] - starts[k]) : 0u;
-      c = (int)((len + ((1u << shift) - 1u)) >> shift);
-    } else if (s < n) {
-      const long long pos =
-          base_kind == 1 ? (long long)(starts[k] - base) : (long long)computed[first + s];
-      const long long cut = split ? (long long)checkpoints[first + s] : 0;
-      c = (int)sequence_chunk_count(pos, (long long)(stops[k] - starts[k]), cut, shift);
-      if (row_spans) {
-        span_start[s] = (int)(starts[k] - base);
-        span_len[s] = (int)(stops[k] - starts[k]);
-        span_pos[s] = (int)pos;
-        if (split) span_cut[s] = (int)cut;
-      }
-    }
-    count[k] = run[k] = c;
-  }
+   scan_rounds: a lane holds one sequence a round (the lanes layout, below): one warp scan a round,
+   the rounds interleaved, then each round carried past the ones before. With Paired, two rounds
+   in one word (the even one low): half the shuffles, which are the scan's cost from 4 rounds on.
+   Neither half can carry into the other: a round's sum is at most the entry's row capacity
+   (< 2^16 then), which the host's checks keep every step within. */
+template <bool Paired>
+__device__ __forceinline__ int scan_rounds(int (&run)[ROUNDS], int lane) {
   int round_total[ROUNDS];
-  if constexpr (paired) {
-    /* two rounds in one word (the even one low): half the shuffles, which are the scan's cost
-       from 4 rounds on. Neither half can carry into the other: a round's sum is at most the
-       entry's row capacity (< 2^16 here), which the host's checks keep every step within */
+  if constexpr (Paired) {
     /* sized at least 1: the array is declared (not instantiated away) where ROUNDS is 1 too */
     unsigned pair[ROUNDS / 2 > 0 ? ROUNDS / 2 : 1];
 #pragma unroll
@@ -176,18 +124,106 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
 #pragma unroll
     for (int k = 0; k < ROUNDS; k++) round_total[k] = __shfl_sync(0xffffffffu, run[k], 31);
   }
-  int rounds_before = 0;
+  int total = 0;
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    run[k] += rounds_before;
-    rounds_before += round_total[k];
+    run[k] += total;
+    total += round_total[k];
   }
-  /* ends[]: each sequence's chunk end counted from its warp's first chunk */
-  __shared__ int warp_totals[WARPS];
-  if (lane == 31) warp_totals[warp] = rounds_before;
+  return total;
+}
+
+/* scan_contiguous: a thread holds ROUNDS consecutive sequences (the contiguous layout): summed in
+   order, then one warp scan of the threads' sums. */
+__device__ __forceinline__ int scan_contiguous(int (&run)[ROUNDS], int lane) {
+#pragma unroll
+  for (int k = 1; k < ROUNDS; k++) run[k] += run[k - 1];
+  int through = run[ROUNDS - 1]; /* the chunks of lanes 0..lane */
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, through, d);
+    if (lane >= d) through += other;
+  }
+  const int ahead = through - run[ROUNDS - 1];
+#pragma unroll
+  for (int k = 0; k < ROUNDS; k++) run[k] += ahead;
+  return __shfl_sync(0xffffffffu, through, 31);
+}
+
+template <int J>
+__device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_loc,
+                                          const COMP_T *__restrict__ computed, const CKPT_T *__restrict__ checkpoints,
+                                          char *__restrict__ arena, int first, int n, int num_rows, int pid,
+                                          int programs, int *ends) {
+  constexpr int kind = (int)entry_table[J][KIND], shift = (int)entry_table[J][SHIFT];
+  constexpr int base_kind = (int)entry_table[J][BASE], flag = (int)entry_table[J][FLAG];
+  constexpr bool split = kind == MAMBA2 && flag;
+  constexpr bool row_spans = SHARED_SPANS && (kind == MAMBA2 || kind == LOGICAL);
+  /* chunks counted from the sequence's own first token, in 32 bits (FLA, conv) */
+  constexpr bool count32 = base_kind == 0 && !split && !row_spans;
+  /* the other entries' sequences, up to 4 a thread, lie contiguous in each thread (the layouts above) */
+  constexpr bool contiguous = !count32 && ROUNDS <= 4;
+  constexpr bool paired = ((PAIRED_ENTRIES >> J) & 1) && ROUNDS % 2 == 0 && !contiguous;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const QSL_T *q = query_start_loc + first;
+
+  /* every load first, the slice's base and end included: a load issued after the barrier would
+     put a whole global-memory latency on the critical path */
+  const QSL_T base = q[0];
+  /* the padding's token end; an exact layout has no padding (and no load for it) */
+  const long long num_tokens = PADDED ? (long long)(q[n] - base) : 0;
+  QSL_T starts[ROUNDS], stops[ROUNDS];
+  /* a MAMBA2 / LOGICAL row needs its sequence's start, length and position (and checkpoint):
+     with SHARED_SPANS kept in shared memory from the loads below, so that a row reads them there
+     after its search, not from global memory (a dependent load on the rows' critical path, which
+     made the Mamba2 step 6% slower than the old kernel at 1024 sequences: issue 33's A/B, H100).
+     Relative token positions, lengths, positions (computed + len) and checkpoints fit int32
+     (host-validated), so each is an int: 12 KiB at 1024 lanes, 16 with checkpoints; the host
+     turns SHARED_SPANS off where the kernel's static shared memory would pass its budget
+     (chunkmeta.fill.cuda_fill.SHARED_SPAN_LIMIT). */
+  __shared__ int span_start[row_spans ? SEQ_LANES : 1], span_len[row_spans ? SEQ_LANES : 1];
+  __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[row_spans && split ? SEQ_LANES : 1];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = warp * WARP_LANES + 32 * k + lane;
+    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    starts[k] = s < n ? q[s] : (QSL_T)0;
+    stops[k] = s < n ? q[s + 1] : (QSL_T)0;
+  }
+
+  /* per sequence its chunks, then their running sum through the warp's sequences in order: one
+     warp scan a round, the rounds interleaved, then each round carried past the ones before */
+  int count[ROUNDS], run[ROUNDS];
+#pragma unroll
+  for (int k = 0; k < ROUNDS; k++) {
+    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    int c = 0;
+    if (count32) {
+      /* chunks from the sequence's own first token (FLA, conv): 32-bit, since at 4096 sequences
+         the scan's instructions are the kernel's time (16 warps an SM); lengths fit int32
+         (host-validated), so the unsigned add cannot wrap */
+      const unsigned len = s < n ? (unsigned)(stops[k] - starts[k]) : 0u;
+      c = (int)((len + ((1u << shift) - 1u)) >> shift);
+    } else if (s < n) {
+      const long long pos =
+          base_kind == 1 ? (long long)(starts[k] - base) : (long long)computed[first + s];
+      const long long cut = split ? (long long)checkpoints[first + s] : 0;
+      c = (int)sequence_chunk_count(pos, (long long)(stops[k] - starts[k]), cut, shift);
+      if (row_spans) {
+        span_start[s] = (int)(starts[k] - base);
+        span_len[s] = (int)(stops[k] - starts[k]);
+        span_pos[s] = (int)pos;
+        if (split) span_cut[s] = (int)cut;
+      }
+    }
+    count[k] = run[k] = c;
+  }
+  /* run[k]: sequence s's chunk end counted from its warp's first chunk */
+  const int warp_total = contiguous ? scan_contiguous(run, lane) : scan_rounds<paired>(run, lane);
+  __shared__ int warp_totals[WARPS];
+  if (lane == 31) warp_totals[warp] = warp_total;
+#pragma unroll
+  for (int k = 0; k < ROUNDS; k++) {
+    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
     ends[s] = s < n ? run[k] : NO_END;
   }
   __syncthreads(); /* the only barrier */
@@ -275,7 +311,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   const int lo = pid * THREADS, hi = pid + 1 == programs ? seqs_out : min(lo + THREADS, seqs_out);
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = warp * WARP_LANES + 32 * k + lane;
+    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
     if (s >= lo && s < hi) {
       const bool real = !PADDED || s < n; /* an exact layout stores its n sequences only */
       const int end = real ? before + run[k] : num_chunks;

@@ -74,8 +74,10 @@ __device__ __forceinline__ void store_sequence(const COMP_T *computed, const CKP
    bench/results/runs.jsonl, gpu_compare@2026-12-03T13:35:28Z against the one-table fill).
    Contiguous: thread t holds sequences t * ROUNDS + k, k < ROUNDS, and the warp scans once, not
    once a round: the entries that count chunks in 64 bits from a position (Mamba2, logical) up to
-   4 rounds, where the lanes layout made the Mamba2 step 3-4% slower than the old kernel's
-   contiguous one at 1024 sequences (issue 33's A/B, gpu_ab@2026-12-06T02:43:11Z, H100). */
+   4 rounds. In one process on an H100 (bench/results/step_fill_sweep-2026-12-06.json, capacity
+   1024) the lanes layout took the Mamba2 step 3.16-3.20 us at 512-1024 sequences, the contiguous
+   one 2.86-2.98 (the old kernel, also contiguous, 3.04-3.07); with 4-64 sequences the lanes
+   layout was 0.04-0.20 us faster (a thread holds one sequence there, not four). */
 constexpr int WARPS = THREADS / 32, ROUNDS = SEQ_LANES / THREADS, WARP_LANES = 32 * ROUNDS;
 constexpr int LOG2_WARP_LANES = log2_of(WARP_LANES), ROWS_PER_THREAD = BLOCK_ROWS / THREADS;
 constexpr int NO_END = 0x7fffffff; /* the end of a lane past the slice's sequences: past every row */

@@ -73,6 +73,8 @@ SPAN_CASES = [
         for capacity, wide in ((12, False), (300, True))
     ),
     (STEP_SPECS, 300, True, False),
+    # four rounds a thread (1024 lanes of 256 threads): the shape builders of 513-1024 sequences get
+    (STEP_SPECS, 1000, True, None),
 ]
 
 
@@ -85,11 +87,12 @@ SPAN_CASES = [
         "paired-and-plain-12",
         "paired-and-plain-300",
         "five-kinds-300-global-spans",
+        "five-kinds-1000",
     ],
 )  # int64 inputs at many sequences per thread
 @pytest.mark.parametrize("padded", [False, True])
 def test_cuda_step_fill_equals_the_torch_fill(specs, capacity, padded, wide, spans):
-    tokens = 2048 if capacity == 12 else 20000
+    tokens = {12: 2048, 300: 20000}.get(capacity, 40000)
     builder = StepTablesBuilder(capacity, tokens, tables=specs, device="cpu", backend="torch", ring_depth=1)
     dtype = torch.int64 if wide else torch.int32
     types = tuple(cuda_fill.qsl_type(t) for t in (dtype, dtype, torch.int32))

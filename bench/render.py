@@ -108,6 +108,16 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         summary="guard (new / old <= {limit}) met {guard_met}; worst {worst[ratio]:.3f} ({worst[kind]} "
         "{worst[workload]} {worst[method]} {worst[metric]}); against {old_commit}",
     ),
+    "ab_host": Family(
+        "Old and new tree in one process",
+        "bench/ab_host.py: each chunkmeta build of the current tree and its twin in an old tree, loaded side by "
+        "side in one process and interleaved; per build the median over rounds of each tree's host p50 (and "
+        "device µs on CUDA), new / old, and whether the twins' tables are equal.",
+        rows="rows",
+        label="{workload} {build}",
+        summary="guard (new / old <= {limit}) met {guard_met}; median ratio {median_ratio:.3f}; worst "
+        "{worst[workload]} {worst[build]}; against {old_commit} on {device_kind}",
+    ),
     "vllm_builders": Family(
         "vLLM's metadata builders",
         "bench/vllm_builders.py: host µs of one `build()` of vLLM 0.33.0's real builders, stock against "

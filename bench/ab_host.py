@@ -1,0 +1,239 @@
+"""Two trees' chunkmeta builds in one process, interleaved: host p50 and device µs, new / old.
+
+    python bench/ab_host.py --old DIR [--old-commit SHA] --out DIR [--rounds 20] [--calls 20]
+                            [--device cuda] [--workloads gpu_compare,step_tables]
+
+Issue 33's guard compares an old and a new commit. Across processes (bench/ab_compare.py) the
+host figures of identical code moved by more than the guard's 5% on an H100: the floor's host
+p50 was +5.5 to +8.7% in the new tree's processes against the old's, and its device µs fell in
+two modes, -9% (gpu_ab@2026-12-06T04:50:58Z). Here both trees run in one process: the current
+tree as ``chunkmeta``, the old one beside it as ``chunkmeta_ab_old`` (its package copied to a
+scratch directory, its own imports of ``chunkmeta`` renamed). Each build has a twin in the other
+tree on the same inputs; the twins run in blocks of ``--calls`` back-to-back calls, in alternating
+order round by round (new old, old new, ...), so that both see the same launch floor, allocator,
+caches and clocks. Their tables are compared field by field, byte for byte, before and after.
+
+The builds: per gpu_compare workload (one FLA table set, bench/gpu_compare.py) ``chunkmeta``
+(``ChunkMetadataBuilder.build``), ``chunkmeta_oneshot`` (``build_chunk_metadata``) and, on CUDA,
+``chunkmeta_graph`` (``GraphBuild.replay``); per step_tables workload (bench/step_tables.py)
+``chunkmeta_kda_gdn``, ``chunkmeta_kda_gdn_vllm``, ``chunkmeta_mamba2`` and ``chunkmeta_hybrid``
+(one ``StepTablesBuilder.build`` each). Each old tree must have those names (every commit since
+the step builder has). Writes an ``ab_host`` record (``bench/results.py``) under ``--out``:
+per build the medians over rounds of each tree's host p50, new / old, the device µs of each
+(CUDA), and ``guard_met``: every ratio at most ``--limit``, every pair of tables equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import results as runs
+from gpu_compare import WORKLOADS as COMPARE_WORKLOADS
+from gpu_compare import capacity_for
+from step_tables import MAMBA_CHUNK, make_case
+from step_tables import WORKLOADS as STEP_WORKLOADS
+
+import chunkmeta
+from chunkmeta.timing import device_us_per_call, host_us, median
+from chunkmeta.workloads import workload
+
+OLD_NAME = "chunkmeta_ab_old"
+# the package's name where code names it: imports, and sys.modules keys (``chunkmeta.fill...``)
+_PACKAGE_REF = re.compile(r"(?<![\w/])chunkmeta(?=\.[a-z_]|\s+import\b)")
+
+
+def load_tree(tree: Path, scratch: Path, name: str = OLD_NAME):
+    """``tree``'s chunkmeta package, imported as ``name`` from a renamed copy in ``scratch``."""
+    source = tree / "chunkmeta"
+    if not (source / "__init__.py").is_file():
+        raise SystemExit(f"{tree}: no chunkmeta package there")
+    target = scratch / name
+    shutil.copytree(source, target)
+    for path in target.rglob("*.py"):
+        path.write_text(_PACKAGE_REF.sub(name, path.read_text()))
+    sys.path.insert(0, str(scratch))
+    return importlib.import_module(name)
+
+
+def fields(result) -> dict:
+    """A build's result as plain values: every public field of each table (tensors as dtype,
+    shape and bytes), by table name for a step's tables."""
+    if hasattr(result, "names"):  # a step's tables (StepTables)
+        return {name: fields(result[name]) for name in result.names}
+    out = {}
+    slots = [s for cls in type(result).__mro__ for s in getattr(cls, "__slots__", ())]
+    for key in {*slots, *getattr(result, "__dict__", {})}:
+        if key.startswith("_") or key == "generation":
+            continue
+        value = getattr(result, key, None)
+        if isinstance(value, torch.Tensor):
+            out[key] = (value.dtype, tuple(value.shape), value.cpu().numpy().tobytes())
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[key] = value
+    return out
+
+
+def same_tables(a, b) -> bool:
+    """Whether two results hold the same values in the fields both trees have (and share some)."""
+    fa, fb = fields(a), fields(b)
+    if set(fa) != set(fb):
+        return False
+    if fa and all(isinstance(v, dict) for v in fa.values()):
+        return all(_same_fields(fa[name], fb[name]) for name in fa)
+    return _same_fields(fa, fb)
+
+
+def _same_fields(fa: dict, fb: dict) -> bool:
+    common = set(fa) & set(fb)
+    return bool(common) and all(fa[key] == fb[key] for key in common)
+
+
+def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
+    """``(workload, build, call)`` of every build of one tree (``pkg``) on the shared inputs."""
+    builds = []
+    for num_seqs, num_tokens in COMPARE_WORKLOADS:
+        key = f"{num_seqs}x{num_tokens // 1024}k"
+        qsl_cpu = torch.tensor(workload(num_seqs, num_tokens, seed=num_seqs).query_start_loc, dtype=torch.int32)
+        qsl = qsl_cpu.to(device)
+        cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
+        builder = pkg.ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=64, device=device)
+        builds.append((key, "chunkmeta", lambda b=builder, q=qsl, c=qsl_cpu: b.build(q, c)))
+        builds.append(
+            (key, "chunkmeta_oneshot", lambda q=qsl, c=qsl_cpu: pkg.build_chunk_metadata(q, c, chunk_size=64))
+        )
+        if device == "cuda":
+            static = torch.zeros(cap_seqs + 1, dtype=torch.int32, device=device)
+            static[: qsl.shape[0]].copy_(qsl)
+            graph = pkg.GraphBuild(builder, static)
+            graph.capture()
+            builds.append((key, "chunkmeta_graph", lambda g=graph, c=qsl_cpu: g.replay(c)))
+    return builds
+
+
+def step_builds(pkg, device: str) -> list[tuple[str, str, object]]:
+    replay = importlib.import_module(f"{pkg.__name__}.replay")
+    tables = importlib.import_module(f"{pkg.__name__}.tables")
+    kda = replay.kda_tables(64)
+    vllm_tables = {
+        "fla": tables.Fla(64, fresh_cu_seqlens=False),
+        "fla_batch": tables.Fla(64, rows="batch", fresh_cu_seqlens=False),
+        "conv": tables.Conv(),
+    }
+    ssd = replay.mamba2_tables(MAMBA_CHUNK)
+    sets = {"chunkmeta_kda_gdn": kda, "chunkmeta_kda_gdn_vllm": vllm_tables, "chunkmeta_mamba2": ssd}
+    sets["chunkmeta_hybrid"] = {**kda, **ssd}
+    builders = {
+        name: pkg.StepTablesBuilder(1024, 65536 + 1024, tables=specs, device=device) for name, specs in sets.items()
+    }
+    builds = []
+    for decodes, prefills, tokens in STEP_WORKLOADS:
+        qsl_cpu, computed_cpu = make_case(decodes, prefills, tokens, seed=decodes + prefills)
+        qsl, computed = qsl_cpu.to(device), computed_cpu.to(device)
+        positions = dict(num_computed_tokens=computed, num_computed_tokens_cpu=computed_cpu)
+        for name, builder in builders.items():
+            rows = positions if builder.needs_computed else {}
+            builds.append(
+                (
+                    f"{decodes}+{prefills}x{tokens}",
+                    name,
+                    lambda b=builder, q=qsl, c=qsl_cpu, d=decodes, r=rows: b.build(q, c, first_seq=d, **r),
+                )
+            )
+    return builds
+
+
+def measure(pair: dict, rounds: int, calls: int, sync) -> dict:
+    """Per tree, each round's host p50 of ``calls`` back-to-back calls (the first left out),
+    the trees in alternating order round by round."""
+    p50 = {tree: [] for tree in pair}
+    order = list(pair)
+    for k in range(rounds):
+        for tree in order if k % 2 == 0 else order[::-1]:
+            samples = [host_us(pair[tree]) for _ in range(calls + 1)][1:]
+            p50[tree].append(median(samples))
+            sync()
+    return {tree: median(values) for tree, values in p50.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, type=Path, help="the old tree (a checkout or git archive)")
+    parser.add_argument("--old-commit", default="unknown")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--limit", type=float, default=1.05)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--workloads", default="gpu_compare,step_tables")
+    args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    families = set(args.workloads.split(","))
+    if families - {"gpu_compare", "step_tables"}:
+        parser.error(f"--workloads: gpu_compare, step_tables, not {sorted(families)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        old = load_tree(args.old.resolve(), Path(scratch))
+        trees = {"new": chunkmeta, "old": old}
+        made = {}
+        for tree, pkg in trees.items():
+            made[tree] = []
+            if "gpu_compare" in families:
+                made[tree] += compare_builds(pkg, args.device)
+            if "step_tables" in families:
+                made[tree] += step_builds(pkg, args.device)
+        rows = []
+        for (workload_key, build, new_call), (_, _, old_call) in zip(made["new"], made["old"], strict=True):
+            pair = {"new": new_call, "old": old_call}
+            for call in pair.values():  # compile, set up, warm
+                call()
+            sync()
+            exact = same_tables(new_call(), old_call())
+            host = measure(pair, args.rounds, args.calls, sync)
+            exact &= same_tables(new_call(), old_call())
+            row = {"workload": workload_key, "build": build, "exact": exact}
+            row.update({f"host_p50_us_{tree}": host[tree] for tree in pair})
+            row["host_ratio"] = host["new"] / host["old"]
+            if cuda:
+                device = {tree: [] for tree in pair}
+                for k in range(4):
+                    for tree in ("new", "old") if k % 2 == 0 else ("old", "new"):
+                        device[tree].append(device_us_per_call(pair[tree], calls=100, lead_us=100 * 120, repeats=3))
+                row.update({f"device_us_{tree}": median(values) for tree, values in device.items()})
+                row["device_ratio"] = row["device_us_new"] / row["device_us_old"]
+            rows.append(row)
+            print(
+                f"{workload_key} {build}: host {host['new']:.2f} / {host['old']:.2f} us ({row['host_ratio']:.3f})"
+                + (f", device {row['device_ratio']:.3f}" if cuda else "")
+                + ("" if exact else " TABLES DIFFER"),
+                flush=True,
+            )
+    ratios = [r[key] for r in rows for key in ("host_ratio", "device_ratio") if key in r]
+    worst = max(rows, key=lambda r: max(r.get("host_ratio", 0), r.get("device_ratio", 0)))
+    figures = {
+        "old_commit": args.old_commit,
+        "device_kind": args.device,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "limit": args.limit,
+        "rows": rows,
+        "all_exact": all(r["exact"] for r in rows),
+        "over_limit": [r for r in rows if max(r.get("host_ratio", 0), r.get("device_ratio", 0)) > args.limit],
+        "worst": {k: worst[k] for k in ("workload", "build", "host_ratio", "device_ratio") if k in worst},
+        "median_ratio": median(ratios),
+    }
+    figures["guard_met"] = figures["all_exact"] and not figures["over_limit"]
+    runs.save("ab_host", figures, script="bench/ab_host.py", argv=sys.argv[1:] if argv is None else argv, out=args.out)
+    return 0 if figures["all_exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,17 +1,18 @@
 """Two trees' chunkmeta builds in one process, interleaved: host p50 and device µs, new / old.
 
-    python bench/ab_host.py --old DIR [--old-commit SHA] --out DIR [--rounds 20] [--calls 20]
+    python bench/ab_host.py --old DIR [--old-commit SHA] --out DIR [--rounds 20 (even)] [--calls 20]
                             [--device cuda] [--workloads gpu_compare,step_tables]
 
 Issue 33's guard compares an old and a new commit. Across processes (bench/ab_compare.py) the
-host figures of identical code moved by more than the guard's 5% on an H100: the floor's host
-p50 was +5.5 to +8.7% in the new tree's processes against the old's, and its device µs fell in
-two modes, -9% (gpu_ab@2026-12-06T04:50:58Z). Here both trees run in one process: the current
-tree as ``chunkmeta``, the old one beside it as ``chunkmeta_ab_old`` (its package copied to a
-scratch directory, its own imports of ``chunkmeta`` renamed). Each build has a twin in the other
-tree on the same inputs; the twins run in blocks of ``--calls`` back-to-back calls, in alternating
-order round by round (new old, old new, ...), so that both see the same launch floor, allocator,
-caches and clocks. Their tables are compared field by field, byte for byte, before and after.
+host figures of identical code moved by more than the guard's 5% on an H100: step_tables'
+floor's host p50 was +5.5 to +8.7% in the new tree's processes against the old's (gpu_compare's
+-12 to +9%), and the floor's device µs fell in two modes, -9% (gpu_ab@2026-12-06T04:50:58Z).
+Here both trees run in one process: the current tree as ``chunkmeta``, the old one beside it
+as ``chunkmeta_ab_old`` (its package copied to a scratch directory, its own imports of
+``chunkmeta`` renamed). Each build has a twin in the other tree on the same inputs; the twins run
+in blocks of ``--calls`` back-to-back calls, in alternating order round by round (new old, old
+new, ...), so that both see the same launch floor, allocator, caches and clocks. Their tables are
+compared field by field, byte for byte, before and after.
 
 The builds: per gpu_compare workload (one FLA table set, bench/gpu_compare.py) ``chunkmeta``
 (``ChunkMetadataBuilder.build``), ``chunkmeta_oneshot`` (``build_chunk_metadata``) and, on CUDA,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import numbers
 import re
 import shutil
 import sys
@@ -47,8 +49,10 @@ from chunkmeta.timing import device_us_per_call, host_us, median
 from chunkmeta.workloads import workload
 
 OLD_NAME = "chunkmeta_ab_old"
-# the package's name where code names it: imports, and sys.modules keys (``chunkmeta.fill...``)
-_PACKAGE_REF = re.compile(r"(?<![\w/])chunkmeta(?=\.[a-z_]|\s+import\b)")
+# the package's name where code names it: imports, sys.modules keys (``chunkmeta.fill...``), and
+# the C extension's stem (``chunkmeta_native``): the extension is named by a hash of its sources,
+# so two trees with the same C sources would otherwise share one module, and its static state
+_PACKAGE_REF = re.compile(r"(?<![\w/])chunkmeta(?=\.[a-z_]|\s+import\b|_native\b)")
 
 
 def load_tree(tree: Path, scratch: Path, name: str = OLD_NAME):
@@ -65,36 +69,31 @@ def load_tree(tree: Path, scratch: Path, name: str = OLD_NAME):
 
 
 def fields(result) -> dict:
-    """A build's result as plain values: every public field of each table (tensors as dtype,
-    shape and bytes), by table name for a step's tables."""
-    if hasattr(result, "names"):  # a step's tables (StepTables)
-        return {name: fields(result[name]) for name in result.names}
+    """A build's result as plain values: its public fields (tensors as dtype, shape and bytes),
+    and for a step's tables each table's, by name."""
     out = {}
-    slots = [s for cls in type(result).__mro__ for s in getattr(cls, "__slots__", ())]
-    for key in {*slots, *getattr(result, "__dict__", {})}:
+    names = [a.name for a in getattr(type(result), "__attrs_attrs__", ())]
+    names += [s for cls in type(result).__mro__ for s in getattr(cls, "__slots__", ())]
+    for key in {*names, *getattr(result, "__dict__", {})}:
         if key.startswith("_") or key == "generation":
             continue
         value = getattr(result, key, None)
         if isinstance(value, torch.Tensor):
             out[key] = (value.dtype, tuple(value.shape), value.cpu().numpy().tobytes())
-        elif value is None or isinstance(value, (bool, int, float, str)):
+        elif value is None or isinstance(value, (bool, numbers.Number, str)):
             out[key] = value
+        elif isinstance(value, tuple) and all(isinstance(v, (bool, numbers.Number, str)) for v in value):
+            out[key] = value
+    if hasattr(result, "names"):  # a step's tables (StepTables)
+        out.update({f"table {name}": fields(result[name]) for name in result.names})
     return out
 
 
 def same_tables(a, b) -> bool:
-    """Whether two results hold the same values in the fields both trees have (and share some)."""
+    """Whether two results hold the same fields with the same values, some of them tensors."""
     fa, fb = fields(a), fields(b)
-    if set(fa) != set(fb):
-        return False
-    if fa and all(isinstance(v, dict) for v in fa.values()):
-        return all(_same_fields(fa[name], fb[name]) for name in fa)
-    return _same_fields(fa, fb)
-
-
-def _same_fields(fa: dict, fb: dict) -> bool:
-    common = set(fa) & set(fb)
-    return bool(common) and all(fa[key] == fb[key] for key in common)
+    tensors = [v for f in (fa, *(v for v in fa.values() if isinstance(v, dict))) for v in f.values()]
+    return fa == fb and any(isinstance(v, tuple) and isinstance(v[0], torch.dtype) for v in tensors)
 
 
 def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
@@ -175,6 +174,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workloads", default="gpu_compare,step_tables")
     args = parser.parse_args(argv)
+    if args.rounds < 2 or args.rounds % 2:
+        parser.error("--rounds: an even number, so that each tree goes first as often")
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     families = set(args.workloads.split(","))
@@ -216,10 +217,10 @@ def main(argv=None) -> int:
                 + ("" if exact else " TABLES DIFFER"),
                 flush=True,
             )
-    ratios = [r[key] for r in rows for key in ("host_ratio", "device_ratio") if key in r]
     worst = max(rows, key=lambda r: max(r.get("host_ratio", 0), r.get("device_ratio", 0)))
     figures = {
         "old_commit": args.old_commit,
+        "old_tree": str(args.old),
         "device_kind": args.device,
         "rounds": args.rounds,
         "calls": args.calls,
@@ -228,8 +229,10 @@ def main(argv=None) -> int:
         "all_exact": all(r["exact"] for r in rows),
         "over_limit": [r for r in rows if max(r.get("host_ratio", 0), r.get("device_ratio", 0)) > args.limit],
         "worst": {k: worst[k] for k in ("workload", "build", "host_ratio", "device_ratio") if k in worst},
-        "median_ratio": median(ratios),
+        "host_median_ratio": median([r["host_ratio"] for r in rows]),
     }
+    if cuda:
+        figures["device_median_ratio"] = median([r["device_ratio"] for r in rows])
     figures["guard_met"] = figures["all_exact"] and not figures["over_limit"]
     runs.save("ab_host", figures, script="bench/ab_host.py", argv=sys.argv[1:] if argv is None else argv, out=args.out)
     return 0 if figures["all_exact"] else 1

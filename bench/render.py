@@ -115,7 +115,7 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         "device µs on CUDA), new / old, and whether the twins' tables are equal.",
         rows="rows",
         label="{workload} {build}",
-        summary="guard (new / old <= {limit}) met {guard_met}; median ratio {median_ratio:.3f}; worst "
+        summary="guard (new / old <= {limit}) met {guard_met}; host median ratio {host_median_ratio:.3f}; worst "
         "{worst[workload]} {worst[build]}; against {old_commit} on {device_kind}",
     ),
     "vllm_builders": Family(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -60,8 +61,8 @@ def forced(kernel: str, shape: tuple[int, int] | None, variant: str = "auto"):
     class Shaped(plain):
         def __init__(self, **kw):
             super().__init__(**{**kw, **chosen})
-            if other is not None:  # kernels are cached per process by their defines
-                self.defines += (("STEP_FILL_VARIANT", variant.partition("=")[0]),)
+            if other is not None:  # kernels are cached per process by their defines: the file's hash
+                self.defines += (("STEP_FILL_VARIANT", hashlib.sha256(other.encode()).hexdigest()[:16]),)
 
         def source(self, dtypes) -> bytes:
             text = super().source(dtypes)

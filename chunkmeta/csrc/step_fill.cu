@@ -75,9 +75,11 @@ __device__ __forceinline__ void store_sequence(const COMP_T *computed, const CKP
    Contiguous: thread t holds sequences t * ROUNDS + k, k < ROUNDS, and the warp scans once, not
    once a round: the entries that count chunks in 64 bits from a position (Mamba2, logical) up to
    4 rounds. In one process on an H100 (bench/results/step_fill_sweep-2026-12-06.json, capacity
-   1024) the lanes layout took the Mamba2 step 3.16-3.20 us at 512-1024 sequences, the contiguous
-   one 2.86-2.98 (the old kernel, also contiguous, 3.04-3.07); with 4-64 sequences the lanes
-   layout was 0.04-0.20 us faster (a thread holds one sequence there, not four). */
+   1024: 1024 lanes of 256 threads, four sequences a thread; two a thread, at 257-512 sequences,
+   and four of 512 threads, at 1025-2048, were not measured) the lanes layout took the Mamba2 step
+   3.16-3.20 us with 512-1024 prefills, the contiguous one 2.86-2.98 (the old kernel, also
+   contiguous, 3.04-3.07); with 4-64 prefills the lanes layout was 0.04-0.20 us faster (a thread
+   holds one or two sequences there, not four). */
 constexpr int WARPS = THREADS / 32, ROUNDS = SEQ_LANES / THREADS, WARP_LANES = 32 * ROUNDS;
 constexpr int LOG2_WARP_LANES = log2_of(WARP_LANES), ROWS_PER_THREAD = BLOCK_ROWS / THREADS;
 constexpr int NO_END = 0x7fffffff; /* the end of a lane past the slice's sequences: past every row */
@@ -192,8 +194,8 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
     stops[k] = s < n ? q[s + 1] : (QSL_T)0;
   }
 
-  /* per sequence its chunks, then their running sum through the warp's sequences in order: one
-     warp scan a round, the rounds interleaved, then each round carried past the ones before */
+  /* per sequence its chunks, then their running sum through the warp's sequences in order
+     (scan_rounds or scan_contiguous, by the layout) */
   int count[ROUNDS], run[ROUNDS];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {

@@ -5,6 +5,7 @@ import importlib
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,9 +17,21 @@ import chunkmeta  # noqa: E402
 from chunkmeta.replay import kda_tables, mamba2_tables  # noqa: E402
 
 
-def test_a_tree_loads_beside_the_current_one_and_its_twin_builds_equal_tables(tmp_path):
-    other = ab_host.load_tree(ROOT, tmp_path, name="chunkmeta_ab_self")
+@pytest.fixture
+def other(tmp_path):
+    """This tree loaded again beside itself, as bench/ab_host.py loads an old one; unloaded after."""
+    yield ab_host.load_tree(ROOT, tmp_path, name="chunkmeta_ab_self")
+    sys.path.remove(str(tmp_path))
+    for name in [name for name in sys.modules if name.split(".")[0] == "chunkmeta_ab_self"]:
+        del sys.modules[name]
+
+
+def test_a_tree_loads_beside_the_current_one_and_its_twin_builds_equal_tables(tmp_path, other):
     assert other.__name__ == "chunkmeta_ab_self" and other.StepTablesBuilder is not chunkmeta.StepTablesBuilder
+    # the same C sources, but an extension of its own (its static state is the tree's own)
+    native = importlib.import_module("chunkmeta_ab_self.native")
+    if chunkmeta.native.module() is not None:
+        assert native.module() is not None and native.module() is not chunkmeta.native.module()
     # every module it imported is its own: no import of the renamed copy reached chunkmeta's
     loaded = [name for name in sys.modules if name.startswith("chunkmeta_ab_self.")]
     assert loaded and all(sys.modules[name].__file__.startswith(str(tmp_path)) for name in loaded)
@@ -34,8 +47,10 @@ def test_a_tree_loads_beside_the_current_one_and_its_twin_builds_equal_tables(tm
     )
     a, b = new.build(qsl, qsl, **rows), old.build(qsl, qsl, **rows)
     fields = ab_host.fields(a)
-    assert set(fields) == {"fla", "fla_batch", "conv", "mamba2", "mamba2_conv"}
-    assert any(isinstance(v, tuple) for v in fields["mamba2"].values())  # tensors compared as bytes
+    names = {"fla", "fla_batch", "conv", "mamba2", "mamba2_conv"}
+    assert {key for key in fields if key.startswith("table ")} == {f"table {name}" for name in names}
+    assert {"num_seqs", "padded"} <= set(fields)  # the step's own fields too
+    assert any(isinstance(v, tuple) for v in fields["table mamba2"].values())  # tensors compared as bytes
     assert ab_host.same_tables(a, b)
 
     # a different batch, or one-table results against a step's, are not the same tables
@@ -45,3 +60,4 @@ def test_a_tree_loads_beside_the_current_one_and_its_twin_builds_equal_tables(tm
     assert ab_host.same_tables(one, other.build_chunk_metadata(qsl, qsl))
     assert not ab_host.same_tables(one, other.build_chunk_metadata(other_qsl, other_qsl))
     assert not ab_host.same_tables(one, a)
+    assert isinstance(chunkmeta.build_chunk_metadata(qsl, qsl), chunkmeta.ChunkMetadata)  # its own type still

@@ -495,5 +495,5 @@ def report(run: Replay, *, device: str, backend: str, fla_skipped: bool = False)
     if has_device:
         dev = [r.device_us for r in results]
         lines.append(f"chunkmeta device us per build: p50 {median(dev):.2f}  p99 {percentile(dev, 99):.2f}")
-    lines.append("GPU figures (H200): bench/RESULTS.md and docs/gpu.md in the chunkmeta source tree.")
+    lines.append("GPU figures (H200 and H100 records): bench/RESULTS.md and docs/gpu.md in the chunkmeta source tree.")
     return "\n".join(lines)

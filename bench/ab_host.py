@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import results as runs
 from gpu_compare import WORKLOADS as COMPARE_WORKLOADS
 from gpu_compare import capacity_for
-from step_tables import MAMBA_CHUNK, make_case
 from step_tables import WORKLOADS as STEP_WORKLOADS
+from step_tables import make_case, table_sets
 
 import chunkmeta
 from chunkmeta.timing import device_us_per_call, host_us, median
@@ -91,9 +91,15 @@ def fields(result) -> dict:
 
 def same_tables(a, b) -> bool:
     """Whether two results hold the same fields with the same values, some of them tensors."""
-    fa, fb = fields(a), fields(b)
-    tensors = [v for f in (fa, *(v for v in fa.values() if isinstance(v, dict))) for v in f.values()]
-    return fa == fb and any(isinstance(v, tuple) and isinstance(v[0], torch.dtype) for v in tensors)
+    fa = fields(a)
+    return fa == fields(b) and _has_tensor(fa)
+
+
+def _has_tensor(values: dict) -> bool:
+    return any(
+        _has_tensor(v) if isinstance(v, dict) else isinstance(v, tuple) and isinstance(v[0], torch.dtype)
+        for v in values.values()
+    )
 
 
 def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
@@ -119,19 +125,14 @@ def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
 
 
 def step_builds(pkg, device: str) -> list[tuple[str, str, object]]:
-    replay = importlib.import_module(f"{pkg.__name__}.replay")
-    tables = importlib.import_module(f"{pkg.__name__}.tables")
-    kda = replay.kda_tables(64)
-    vllm_tables = {
-        "fla": tables.Fla(64, fresh_cu_seqlens=False),
-        "fla_batch": tables.Fla(64, rows="batch", fresh_cu_seqlens=False),
-        "conv": tables.Conv(),
-    }
-    ssd = replay.mamba2_tables(MAMBA_CHUNK)
-    sets = {"chunkmeta_kda_gdn": kda, "chunkmeta_kda_gdn_vllm": vllm_tables, "chunkmeta_mamba2": ssd}
-    sets["chunkmeta_hybrid"] = {**kda, **ssd}
+    """``(workload, build, call)`` of every step_tables build of one tree (``pkg``), its tables
+    made by its own modules."""
+    sets = table_sets(
+        importlib.import_module(f"{pkg.__name__}.replay"), importlib.import_module(f"{pkg.__name__}.tables")
+    )
     builders = {
-        name: pkg.StepTablesBuilder(1024, 65536 + 1024, tables=specs, device=device) for name, specs in sets.items()
+        f"chunkmeta_{name}": pkg.StepTablesBuilder(1024, 65536 + 1024, tables=specs, device=device)
+        for name, specs in sets.items()
     }
     builds = []
     for decodes, prefills, tokens in STEP_WORKLOADS:

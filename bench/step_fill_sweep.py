@@ -34,9 +34,10 @@ from pathlib import Path
 
 import torch
 from anchors import empty_kernel
-from step_tables import MAMBA_CHUNK, WORKLOADS, is_exact, kda_tables, make_case, mamba2_tables
+from step_tables import WORKLOADS, is_exact, make_case, table_sets
 
-from chunkmeta import StepTablesBuilder, step_builder
+from chunkmeta import StepTablesBuilder, replay, step_builder
+from chunkmeta import tables as T
 from chunkmeta.fill import cuda_fill
 from chunkmeta.timing import device_us_per_call
 
@@ -99,8 +100,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(f"{t}/{r}" for t, r in SHAPES), help="THREADS/BLOCK_ROWS")
     parser.add_argument("--variants", default="auto", help="the CUDA fills: auto spans_off unpaired NAME=FILE")
     args = parser.parse_args(argv)
-    kda = kda_tables(64)
-    known = {"kda_gdn": kda, "all_five": {**kda, **mamba2_tables(MAMBA_CHUNK)}, "mamba2": mamba2_tables(MAMBA_CHUNK)}
+    sets = table_sets(replay, T)
+    known = {"kda_gdn": sets["kda_gdn"], "all_five": sets["hybrid"], "mamba2": sets["mamba2"]}
     unknown = set(args.tables.split(",")) - set(known)
     if unknown:
         parser.error(f"unknown --tables values {sorted(unknown)}")
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
         shapes = [tuple(int(x) for x in shape.split("/")) for shape in args.shapes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
-    table_sets = {name: known[name] for name in args.tables.split(",")}
+    measured = {name: known[name] for name in args.tables.split(",")}
     configs = [("triton", None, "auto")] + [("cuda", s, v) for v in variants for s in shapes]
     rows = []
     for capacity in (int(c) for c in args.capacities.split(",")):
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
             case = (qsl_cpu, qsl_cpu.cuda(), computed_cpu, computed_cpu.cuda())
             floor_x = torch.empty(1, device="cuda")
             floor = device_us_per_call(lambda: empty_kernel[(1,)](floor_x), calls=100, lead_us=100 * 60, repeats=5)
-            for set_name, tables in table_sets.items():
+            for set_name, tables in measured.items():
                 made = []
                 for kernel, shape, variant in configs:
                     if shape is not None and (shape[0] > max(capacity, 32) or shape[1] % shape[0]):

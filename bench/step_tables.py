@@ -63,9 +63,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import anchors
 import results as runs
 
-from chunkmeta import StepTablesBuilder, build_chunk_metadata
+from chunkmeta import StepTablesBuilder, build_chunk_metadata, replay
 from chunkmeta import tables as T
-from chunkmeta.replay import expected, kda_tables, mamba2_tables
+from chunkmeta.replay import expected
 from chunkmeta.timing import busy_queue, device_us_per_call, host_us, median, percentile
 from chunkmeta.workloads import Batch, split_tokens
 
@@ -130,6 +130,19 @@ def engine_methods():
         )
 
     return {"gdn_fla": gdn_fla, "fla_batch": fla_batch, "conv1d": conv1d, "mamba2": mamba2}, None
+
+
+def table_sets(replay_module, tables_module) -> dict:
+    """The table sets of the chunkmeta methods (``chunkmeta_<name>``), from a chunkmeta tree's
+    ``replay`` and ``tables`` modules (bench/ab_host.py passes an old tree's)."""
+    kda = replay_module.kda_tables(64)
+    ssd = replay_module.mamba2_tables(MAMBA_CHUNK)
+    vllm_tables = {  # as the vLLM adapter asks for them: no fresh cu_seqlens
+        "fla": tables_module.Fla(64, fresh_cu_seqlens=False),
+        "fla_batch": tables_module.Fla(64, rows="batch", fresh_cu_seqlens=False),
+        "conv": tables_module.Conv(),
+    }
+    return {"kda_gdn": kda, "kda_gdn_vllm": vllm_tables, "mamba2": ssd, "hybrid": {**kda, **ssd}}
 
 
 def make_case(decodes, prefills, tokens, seed):
@@ -202,17 +215,11 @@ def main(argv: list[str]) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     engine, engine_error = engine_methods()
     print("vLLM's own functions:", "imported" if engine else f"not importable here ({engine_error}); not measured")
-    kda = kda_tables(64)
-    vllm_tables = {
-        "fla": T.Fla(64, fresh_cu_seqlens=False),
-        "fla_batch": T.Fla(64, rows="batch", fresh_cu_seqlens=False),
-        "conv": T.Conv(),
-    }
-    ssd = mamba2_tables(MAMBA_CHUNK)
+    sets = table_sets(replay, T)
     # the new-batch methods have builders of their own: their views fill their own caches
     kda_gdn, kda_gdn_vllm, mamba2, hybrid, kda_gdn_new, mamba2_new = (
-        StepTablesBuilder(1024, 65536 + 1024, tables=tables, device="cuda")
-        for tables in (kda, vllm_tables, ssd, {**kda, **ssd}, kda, ssd)
+        StepTablesBuilder(1024, 65536 + 1024, tables=sets[name], device="cuda")
+        for name in ("kda_gdn", "kda_gdn_vllm", "mamba2", "hybrid", "kda_gdn", "mamba2")
     )
     rows = []
     # each new-batch method's calls: every measured one, its warm-up, and spares

@@ -165,7 +165,10 @@ class FullStep:
 
     def load(self, m, x) -> None:
         """A step's inputs into the graph's: ``stage()`` (chunkmeta's one fill) and the hidden states."""
-        self.inputs.stage(*stage_args(m))
+        stage(self.inputs, m)
+        self.load_hidden(x)
+
+    def load_hidden(self, x) -> None:
         self.h[: x.shape[0]].copy_(x)
 
     def launch(self) -> torch.Tensor:
@@ -489,7 +492,7 @@ def host_parts(bench: Bench, full: FullStep, next_batch, batch: dict, wait, step
         marks.append(time.perf_counter())
         full.inputs.stage(*args)
         marks.append(time.perf_counter())
-        full.h[: m.num_actual_tokens].copy_(bench.engine.x[: m.num_actual_tokens])
+        full.load_hidden(bench.engine.x[: m.num_actual_tokens])
         marks.append(time.perf_counter())
         full.replay()
         marks.append(time.perf_counter())

@@ -169,6 +169,8 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   constexpr bool contiguous = !count32 && ROUNDS <= 4;
   constexpr bool paired = ((PAIRED_ENTRIES >> J) & 1) && ROUNDS % 2 == 0 && !contiguous;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  /* the sequence this thread holds in round k, by the layout (every loop over its rounds) */
+  const auto sequence = [=](int k) { return contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane; };
   const QSL_T *q = query_start_loc + first;
 
   /* every load first, the slice's base and end included: a load issued after the barrier would
@@ -189,7 +191,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   __shared__ int span_pos[row_spans ? SEQ_LANES : 1], span_cut[row_spans && split ? SEQ_LANES : 1];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    const int s = sequence(k);
     starts[k] = s < n ? q[s] : (QSL_T)0;
     stops[k] = s < n ? q[s + 1] : (QSL_T)0;
   }
@@ -199,7 +201,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   int count[ROUNDS], run[ROUNDS];
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    const int s = sequence(k);
     int c = 0;
     if (count32) {
       /* chunks from the sequence's own first token (FLA, conv): 32-bit, since at 4096 sequences
@@ -227,7 +229,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   if (lane == 31) warp_totals[warp] = warp_total;
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    const int s = sequence(k);
     ends[s] = s < n ? run[k] : NO_END;
   }
   __syncthreads(); /* the only barrier */
@@ -315,7 +317,7 @@ __device__ __forceinline__ void run_entry(const QSL_T *__restrict__ query_start_
   const int lo = pid * THREADS, hi = pid + 1 == programs ? seqs_out : min(lo + THREADS, seqs_out);
 #pragma unroll
   for (int k = 0; k < ROUNDS; k++) {
-    const int s = contiguous ? tid * ROUNDS + k : warp * WARP_LANES + 32 * k + lane;
+    const int s = sequence(k);
     if (s >= lo && s < hi) {
       const bool real = !PADDED || s < n; /* an exact layout stores its n sequences only */
       const int end = real ? before + run[k] : num_chunks;

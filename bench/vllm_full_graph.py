@@ -1,6 +1,7 @@
 """Issue 34: a hybrid model's mixed prefill+decode step in one CUDA graph, on vLLM 0.33.0's own ops.
 
-    python bench/vllm_full_graph.py --out DIR [--exact-batches 200] [--steps 30] [--layers 24]
+    python bench/vllm_full_graph.py --out DIR [--exact-batches 200] [--exact-layers kda,gdn,gdn_with_decodes]
+                                    [--steps 30] [--layers 24]
     python bench/vllm_full_graph.py --smoke --out DIR   (CPU, vLLM's ops under Triton's interpreter)
 
 One record (``bench/results.py``: ``vllm_full_graph.runs.jsonl``) under ``--out``, three parts:
@@ -597,6 +598,7 @@ def format_tables(figures: dict, device: str) -> str:
     return "\n".join(lines)
 
 
+EXACT_LAYERS = ("kda", "gdn", "gdn_with_decodes")  # full_graph_exact's cases, by name
 DEFAULTS = dict(
     steps=30,
     layers=24,
@@ -628,6 +630,10 @@ def main(argv: list[str]) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=str if name.endswith("shapes") else int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parts", default="exact,steps,decode", help="comma-separated: exact, steps, decode")
+    # 200 batches of one layer at 32 x 512 take ~4 min on an H100: one call of 10 min holds two
+    parser.add_argument(
+        "--exact-layers", default=",".join(EXACT_LAYERS), help="the exact part's layers, comma-separated"
+    )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
         "--simulate-graphs", action="store_true", help="--smoke: run the capture and replay paths with no graph"
@@ -653,6 +659,9 @@ def main(argv: list[str]) -> int:
         return [tuple(int(v) for v in shape.split("x")) for shape in text.split(",")]
 
     shapes, exact_shapes = parse(args.shapes), parse(args.exact_shapes)
+    exact_layers = set(args.exact_layers.split(","))
+    if exact_layers - set(EXACT_LAYERS):
+        parser.error(f"--exact-layers: from {', '.join(EXACT_LAYERS)}, not {sorted(exact_layers)}")
     max_reqs = max(request_bucket(r) for r, _ in shapes + exact_shapes)
     max_tokens = max(t for _, t in shapes + exact_shapes)
     with tempfile.TemporaryDirectory() as root:
@@ -670,7 +679,12 @@ def main(argv: list[str]) -> int:
     figures["exact"] = []
     for requests, tokens in exact_shapes if "exact" in parts else ():
         blocks = max_reqs + 1
-        for case in (KdaCase(bench, tokens), GdnCase(bench, tokens, blocks), GdnCase(bench, tokens, blocks, True)):
+        cases = {
+            "kda": lambda: KdaCase(bench, tokens),
+            "gdn": lambda: GdnCase(bench, tokens, blocks),
+            "gdn_with_decodes": lambda: GdnCase(bench, tokens, blocks, True),
+        }
+        for case in (make() for name, make in cases.items() if name in exact_layers):
             try:
                 figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed, mode))
             except Exception as exc:  # noqa: BLE001  (the other layers and the steps go on)

@@ -24,6 +24,8 @@ class Family:
     cell     formats tried in turn on each object in a row (one method's figures)
     summary  the history line: formats separated by "; ", each the range it takes over the rows
     block    a figures key of text lines, shown as they are
+    also     a second figures key of rows that the history line reads too (a record may hold
+             only those: its family's latest table is the latest record with ``rows``)
     """
 
     title: str
@@ -33,6 +35,7 @@ class Family:
     summary: str = ""
     block: str | None = None
     label: str = "{key}"
+    also: str | None = None
 
 
 FAMILIES = {  # in RESULTS.md's order: the README's headline families first
@@ -77,7 +80,9 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
             "{ms_per_step:.3f} ms/step, {syncs_per_step} syncs",
         ),
         summary="full {speedup_full:.2f}x vllm_piecewise at {requests} x {tokens}; "
-        "async {speedup_full_async:.2f}x; states equal {states_equal}",
+        "async {speedup_full_async:.2f}x; states equal {states_equal}; "
+        "exact {layer} {requests} x {tokens}, {batches} batches: bit-identical {bit_identical}",
+        also="exact",
     ),
     "sglang_mamba2": Family(
         "SGLang's Mamba2 extend metadata",
@@ -315,6 +320,7 @@ def summary(family: Family, record: dict) -> str:
     rows of named numbers, over one object of them, so that a format can name them), else over
     the record's figures."""
     rows = _rows(family, record["figures"])
+    rows += _table_rows(record["figures"].get(family.also, [])) if family.also else []
     if rows and all(set(r) == {"key", "value"} for r in rows):
         rows.append({str(r["key"]): r["value"] for r in rows})
     items = []
@@ -329,6 +335,14 @@ def summary(family: Family, record: dict) -> str:
 
 def _note(record: dict) -> str:
     return " ".join(f"{k}: {record[k]}" for k in ("experiment", "note") if k in record).replace("|", "/")
+
+
+def latest_record(family: Family, runs: list[dict]) -> dict:
+    """The record a family's table shows, of its records sorted by date: the newest that is no
+    experiment nor smoke run and holds the family's rows (a record of ``also`` only does not)."""
+    kept = [r for r in runs if "experiment" not in r and not r["figures"].get("smoke")]
+    kept = [r for r in kept if family.rows is None or r["figures"].get(family.rows)] or kept
+    return (kept or runs)[-1]
 
 
 def render(records: list[dict]) -> str:
@@ -348,8 +362,7 @@ def render(records: list[dict]) -> str:
         runs = sorted((r for r in records if r["kind"] == kind), key=lambda r: r["date"])
         if not runs:
             continue
-        kept = [r for r in runs if "experiment" not in r and not r["figures"].get("smoke")]
-        latest = (kept or runs)[-1]
+        latest = latest_record(family, runs)
         device = ", ".join(f"{k} {v}" for k, v in latest["device"].items())
         lines += [f"## {family.title} (`{kind}`)", "", family.about, ""]
         lines += [f"Latest: `{latest['id']}`, commit {latest['commit']}, `{latest['command']}`; {device}."]

@@ -79,7 +79,9 @@ __device__ __forceinline__ void store_sequence(const COMP_T *computed, const CKP
    and four of 512 threads, at 1025-2048, were not measured) the lanes layout took the Mamba2 step
    3.16-3.20 us with 512-1024 prefills, the contiguous one 2.86-2.98 (the old kernel, also
    contiguous, 3.04-3.07); with 4-64 prefills the lanes layout was 0.04-0.20 us faster (a thread
-   holds one or two sequences there, not four). */
+   holds one or two sequences there, not four), but choosing the layout at run time by the
+   sequence count lost at 1 and at 512-1024 prefills and missed the lanes figure at 4-32
+   (step_fill_sweep-2026-12-06b.json): the layout is a compile-time choice. */
 constexpr int WARPS = THREADS / 32, ROUNDS = SEQ_LANES / THREADS, WARP_LANES = 32 * ROUNDS;
 constexpr int LOG2_WARP_LANES = log2_of(WARP_LANES), ROWS_PER_THREAD = BLOCK_ROWS / THREADS;
 constexpr int NO_END = 0x7fffffff; /* the end of a lane past the slice's sequences: past every row */

@@ -77,6 +77,8 @@ def test_results_md_names_every_record_and_shows_each_familys_latest():
         assert f"| `{r['id']}` |" in text, r["id"]
     for kind in {r["kind"] for r in records}:
         kept = [r for r in records if r["kind"] == kind and "experiment" not in r]
+        rows = render.FAMILIES[kind].rows if kind in render.FAMILIES else None
+        kept = [r for r in kept if rows is None or r["figures"].get(rows)] or kept
         if kept:
             assert f"Latest: `{max(kept, key=lambda r: r['date'])['id']}`" in text
 
@@ -101,6 +103,19 @@ def test_vllm_full_graph_shows_the_async_figures_and_records_without_them_as_bef
     assert render.summary(family, {"figures": {"steps": [new]}}) == (
         "full 3.00x vllm_piecewise at 8 x 256; async 2.50x; states equal yes"
     )
+
+
+def test_a_vllm_full_graph_record_of_the_exact_part_alone_is_in_the_history_not_the_latest_table():
+    family = render.FAMILIES["vllm_full_graph"]
+    exact = {"layer": "gdn", "requests": 32, "tokens": 512, "batches": 200, "bit_identical": True}
+    steps = {"requests": 8, "tokens": 256, "speedup_full": 3.0, "states_equal": True}
+    runs = [
+        {"id": "a", "figures": {"steps": [steps], "exact": []}},
+        {"id": "b", "figures": {"steps": [], "exact": [exact]}},
+    ]
+    assert render.latest_record(family, runs)["id"] == "a"
+    assert render.summary(family, runs[1]) == "exact gdn 32 x 512, 200 batches: bit-identical yes"
+    assert render.latest_record(family, runs[1:])["id"] == "b"  # no record with steps: the newest
 
 
 def latest_table_text(family, row):

@@ -40,7 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import results as runs
 from gpu_compare import WORKLOADS as COMPARE_WORKLOADS
-from gpu_compare import capacity_for
+from gpu_compare import chunkmeta_methods
+from step_tables import CAPACITY as STEP_CAPACITY
 from step_tables import WORKLOADS as STEP_WORKLOADS
 from step_tables import make_case, table_sets
 
@@ -108,19 +109,8 @@ def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
     for num_seqs, num_tokens in COMPARE_WORKLOADS:
         key = f"{num_seqs}x{num_tokens // 1024}k"
         qsl_cpu = torch.tensor(workload(num_seqs, num_tokens, seed=num_seqs).query_start_loc, dtype=torch.int32)
-        qsl = qsl_cpu.to(device)
-        cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
-        builder = pkg.ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=64, device=device)
-        builds.append((key, "chunkmeta", lambda b=builder, q=qsl, c=qsl_cpu: b.build(q, c)))
-        builds.append(
-            (key, "chunkmeta_oneshot", lambda q=qsl, c=qsl_cpu: pkg.build_chunk_metadata(q, c, chunk_size=64))
-        )
-        if device == "cuda":
-            static = torch.zeros(cap_seqs + 1, dtype=torch.int32, device=device)
-            static[: qsl.shape[0]].copy_(qsl)
-            graph = pkg.GraphBuild(builder, static)
-            graph.capture()
-            builds.append((key, "chunkmeta_graph", lambda g=graph, c=qsl_cpu: g.replay(c)))
+        _, methods = chunkmeta_methods(pkg, qsl_cpu.to(device), qsl_cpu, num_seqs, num_tokens, 64, device)
+        builds += [(key, name, call) for name, call in methods.items()]
     return builds
 
 
@@ -131,7 +121,7 @@ def step_builds(pkg, device: str) -> list[tuple[str, str, object]]:
         importlib.import_module(f"{pkg.__name__}.replay"), importlib.import_module(f"{pkg.__name__}.tables")
     )
     builders = {
-        f"chunkmeta_{name}": pkg.StepTablesBuilder(1024, 65536 + 1024, tables=specs, device=device)
+        f"chunkmeta_{name}": pkg.StepTablesBuilder(*STEP_CAPACITY, tables=specs, device=device)
         for name, specs in sets.items()
     }
     builds = []

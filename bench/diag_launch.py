@@ -27,7 +27,7 @@ from chunkmeta import tables as T
 
 sys.path.insert(0, str(Path(__file__).parent))
 import results as runs
-from step_tables import MAMBA_CHUNK, make_case
+from step_tables import CAPACITY, MAMBA_CHUNK, make_case
 
 from chunkmeta.replay import kda_tables, mamba2_tables
 
@@ -60,7 +60,7 @@ def large_step_parts() -> dict:
     qsl, computed = qsl_cpu.cuda(), computed_cpu.cuda()
     figures = {}
     for label, specs in (("kda/gdn", kda_tables(64)), ("hybrid", {**kda_tables(64), **mamba2_tables(MAMBA_CHUNK)})):
-        builder = StepTablesBuilder(1024, 65536 + 1024, tables=specs, device="cuda")
+        builder = StepTablesBuilder(*CAPACITY, tables=specs, device="cuda")
         c_in = (computed, computed_cpu) if builder.needs_computed else (None, None)
         rows = dict(zip(("num_computed_tokens", "num_computed_tokens_cpu"), c_in, strict=True))
         builder.build(qsl, qsl_cpu, **rows)

@@ -30,7 +30,7 @@ import anchors
 import results as runs  # bench/results.py: the record format
 
 import chunkmeta
-from chunkmeta import ChunkMetadataBuilder, GraphBuild, build_chunk_metadata, reference
+from chunkmeta import ChunkMetadataBuilder, reference
 from chunkmeta.fill import cuda_fill
 from chunkmeta.integrations import kda
 from chunkmeta.timing import busy_queue, device_us_per_call, median, percentile
@@ -61,6 +61,23 @@ def capacity_for(num_seqs: int, num_tokens: int) -> tuple[int, int]:
     return max(256, num_seqs), max(8192, num_tokens)
 
 
+def chunkmeta_methods(pkg, qsl, qsl_cpu, num_seqs: int, num_tokens: int, chunk_size: int, device: str = "cuda"):
+    """The builder and the ``CHUNKMETA`` methods of one workload as zero-argument calls, made by
+    ``pkg``: this tree's chunkmeta, or an old tree's loaded beside it (bench/ab_host.py). The
+    graph replay is captured here, on CUDA only."""
+    cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
+    builder = pkg.ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=chunk_size, device=device)
+    methods = {"chunkmeta": lambda: builder.build(qsl, qsl_cpu)}
+    if device == "cuda":
+        static_qsl = torch.zeros(cap_seqs + 1, dtype=torch.int32, device=device)
+        static_qsl[: qsl.shape[0]].copy_(qsl)
+        graph = pkg.GraphBuild(builder, static_qsl)
+        graph.capture()
+        methods["chunkmeta_graph"] = lambda: graph.replay(qsl_cpu)
+    methods["chunkmeta_oneshot"] = lambda: pkg.build_chunk_metadata(qsl, qsl_cpu, chunk_size=chunk_size)
+    return builder, methods
+
+
 class Case:
     """One workload: inputs on the device and host, and every method as a zero-argument call."""
 
@@ -71,21 +88,13 @@ class Case:
         self.ref = reference.chunk_metadata(self.batch.query_start_loc, chunk_size)
         self.qsl_cpu = torch.tensor(self.batch.query_start_loc, dtype=torch.int32)
         self.qsl = self.qsl_cpu.cuda()
-        cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
-        self.builder = ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=chunk_size, device="cuda")
-        self.static_qsl = torch.zeros(cap_seqs + 1, dtype=torch.int32, device="cuda")
-        self.static_qsl[: self.qsl.shape[0]].copy_(self.qsl)
-        self.graph = GraphBuild(self.builder, self.static_qsl)
-        self.graph.capture()
+        self.builder, self.methods = chunkmeta_methods(
+            chunkmeta, self.qsl, self.qsl_cpu, num_seqs, num_tokens, chunk_size
+        )
         # FLA caches by tensor identity (last 4 calls): cycle through more distinct tensors than that
         self.cu_pool = [self.qsl.clone() for _ in range(8)]
         self.cu_cpu = self.qsl_cpu.clone()
         self.turn = 0
-        self.methods = {
-            "chunkmeta": lambda: self.builder.build(self.qsl, self.qsl_cpu),
-            "chunkmeta_graph": lambda: self.graph.replay(self.qsl_cpu),
-            "chunkmeta_oneshot": lambda: build_chunk_metadata(self.qsl, self.qsl_cpu, chunk_size=chunk_size),
-        }
         for name, make in anchors.ANCHORS.items():
             fn = make(chunk_size)
             self.methods[name] = lambda fn=fn: fn(self._fresh_cu(), self.cu_cpu)

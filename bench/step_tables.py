@@ -70,6 +70,8 @@ from chunkmeta.timing import busy_queue, device_us_per_call, host_us, median, pe
 from chunkmeta.workloads import Batch, split_tokens
 
 # (decodes, prefills, prefill tokens): the seed's 4096-token chunks at 8-64 requests, and larger
+# the step builders' capacity (sequences, tokens): the largest workload's, with a token a sequence to spare
+CAPACITY = (1024, 65536 + 1024)
 WORKLOADS = [(0, 1, 4096), (4, 4, 4096), (32, 32, 16384), (64, 64, 32768), (512, 512, 65536), (0, 1024, 65536)]
 MAMBA_CHUNK = 256
 # vLLM's functions for the tables chunkmeta_kda_gdn builds: FLA prefill, FLA batch, conv1d; and
@@ -218,7 +220,7 @@ def main(argv: list[str]) -> int:
     sets = table_sets(replay, T)
     # the new-batch methods have builders of their own: their views fill their own caches
     kda_gdn, kda_gdn_vllm, mamba2, hybrid, kda_gdn_new, mamba2_new = (
-        StepTablesBuilder(1024, 65536 + 1024, tables=sets[name], device="cuda")
+        StepTablesBuilder(*CAPACITY, tables=sets[name], device="cuda")
         for name in ("kda_gdn", "kda_gdn_vllm", "mamba2", "hybrid", "kda_gdn", "mamba2")
     )
     rows = []

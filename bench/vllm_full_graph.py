@@ -598,7 +598,12 @@ def format_tables(figures: dict, device: str) -> str:
     return "\n".join(lines)
 
 
-EXACT_LAYERS = ("kda", "gdn", "gdn_with_decodes")  # full_graph_exact's cases, by name
+# the exact part's layers by name (full_graph_exact's cases): each made from (bench, tokens, blocks)
+EXACT_CASES = {
+    "kda": lambda bench, tokens, blocks: KdaCase(bench, tokens),
+    "gdn": lambda bench, tokens, blocks: GdnCase(bench, tokens, blocks),
+    "gdn_with_decodes": lambda bench, tokens, blocks: GdnCase(bench, tokens, blocks, True),
+}
 DEFAULTS = dict(
     steps=30,
     layers=24,
@@ -632,7 +637,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", default="exact,steps,decode", help="comma-separated: exact, steps, decode")
     # 200 batches of one layer at 32 x 512 take ~4 min on an H100: one call of 10 min holds two
     parser.add_argument(
-        "--exact-layers", default=",".join(EXACT_LAYERS), help="the exact part's layers, comma-separated"
+        "--exact-layers", default=",".join(EXACT_CASES), help="the exact part's layers, comma-separated"
     )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
@@ -660,8 +665,8 @@ def main(argv: list[str]) -> int:
 
     shapes, exact_shapes = parse(args.shapes), parse(args.exact_shapes)
     exact_layers = set(args.exact_layers.split(","))
-    if exact_layers - set(EXACT_LAYERS):
-        parser.error(f"--exact-layers: from {', '.join(EXACT_LAYERS)}, not {sorted(exact_layers)}")
+    if exact_layers - set(EXACT_CASES):
+        parser.error(f"--exact-layers: from {', '.join(EXACT_CASES)}, not {sorted(exact_layers)}")
     max_reqs = max(request_bucket(r) for r, _ in shapes + exact_shapes)
     max_tokens = max(t for _, t in shapes + exact_shapes)
     with tempfile.TemporaryDirectory() as root:
@@ -679,12 +684,7 @@ def main(argv: list[str]) -> int:
     figures["exact"] = []
     for requests, tokens in exact_shapes if "exact" in parts else ():
         blocks = max_reqs + 1
-        cases = {
-            "kda": lambda: KdaCase(bench, tokens),
-            "gdn": lambda: GdnCase(bench, tokens, blocks),
-            "gdn_with_decodes": lambda: GdnCase(bench, tokens, blocks, True),
-        }
-        for case in (make() for name, make in cases.items() if name in exact_layers):
+        for case in (make(bench, tokens, blocks) for name, make in EXACT_CASES.items() if name in exact_layers):
             try:
                 figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed, mode))
             except Exception as exc:  # noqa: BLE001  (the other layers and the steps go on)

@@ -40,14 +40,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import results as runs
 from gpu_compare import WORKLOADS as COMPARE_WORKLOADS
-from gpu_compare import chunkmeta_methods
+from gpu_compare import chunkmeta_methods, compare_workload
 from step_tables import CAPACITY as STEP_CAPACITY
 from step_tables import WORKLOADS as STEP_WORKLOADS
 from step_tables import make_case, table_sets
 
 import chunkmeta
 from chunkmeta.timing import device_us_per_call, host_us, median
-from chunkmeta.workloads import workload
 
 OLD_NAME = "chunkmeta_ab_old"
 # the package's name where code names it: imports, sys.modules keys (``chunkmeta.fill...``), and
@@ -107,8 +106,8 @@ def compare_builds(pkg, device: str) -> list[tuple[str, str, object]]:
     """``(workload, build, call)`` of every build of one tree (``pkg``) on the shared inputs."""
     builds = []
     for num_seqs, num_tokens in COMPARE_WORKLOADS:
-        key = f"{num_seqs}x{num_tokens // 1024}k"
-        qsl_cpu = torch.tensor(workload(num_seqs, num_tokens, seed=num_seqs).query_start_loc, dtype=torch.int32)
+        key, batch = compare_workload(num_seqs, num_tokens)
+        qsl_cpu = torch.tensor(batch.query_start_loc, dtype=torch.int32)
         _, methods = chunkmeta_methods(pkg, qsl_cpu.to(device), qsl_cpu, num_seqs, num_tokens, 64, device)
         builds += [(key, name, call) for name, call in methods.items()]
     return builds
@@ -208,7 +207,11 @@ def main(argv=None) -> int:
                 + ("" if exact else " TABLES DIFFER"),
                 flush=True,
             )
-    worst = max(rows, key=lambda r: max(r.get("host_ratio", 0), r.get("device_ratio", 0)))
+
+    def ratio(row):  # a build's worse one: host, and device on CUDA
+        return max(row["host_ratio"], row.get("device_ratio", 0))
+
+    worst = max(rows, key=ratio)
     figures = {
         "old_commit": args.old_commit,
         "old_tree": str(args.old),
@@ -218,7 +221,7 @@ def main(argv=None) -> int:
         "limit": args.limit,
         "rows": rows,
         "all_exact": all(r["exact"] for r in rows),
-        "over_limit": [r for r in rows if max(r.get("host_ratio", 0), r.get("device_ratio", 0)) > args.limit],
+        "over_limit": [r for r in rows if ratio(r) > args.limit],
         "worst": {k: worst[k] for k in ("workload", "build", "host_ratio", "device_ratio") if k in worst},
         "host_median_ratio": median([r["host_ratio"] for r in rows]),
     }

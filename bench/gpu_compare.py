@@ -78,12 +78,17 @@ def chunkmeta_methods(pkg, qsl, qsl_cpu, num_seqs: int, num_tokens: int, chunk_s
     return builder, methods
 
 
+def compare_workload(num_seqs: int, num_tokens: int):
+    """``(key, batch)``: a workload's name in the records and its batch, the same in every
+    benchmark that measures gpu_compare's workloads (bench/ab_host.py too)."""
+    return f"{num_seqs}x{num_tokens // 1024}k", workload(num_seqs, num_tokens, seed=num_seqs)
+
+
 class Case:
     """One workload: inputs on the device and host, and every method as a zero-argument call."""
 
     def __init__(self, num_seqs: int, num_tokens: int, chunk_size: int):
-        self.key = f"{num_seqs}x{num_tokens // 1024}k"
-        self.batch = workload(num_seqs, num_tokens, seed=num_seqs)
+        self.key, self.batch = compare_workload(num_seqs, num_tokens)
         self.chunk_size = chunk_size
         self.ref = reference.chunk_metadata(self.batch.query_start_loc, chunk_size)
         self.qsl_cpu = torch.tensor(self.batch.query_start_loc, dtype=torch.int32)

@@ -115,7 +115,7 @@ def rocm_style(chunk_size: int):
 
 
 @triton.jit
-def empty_kernel(x):  # also bench/launch_floor.py's
+def empty_kernel(x):  # also bench/diagnostics/launch_floor.py's
     pass
 
 

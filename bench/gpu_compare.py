@@ -42,8 +42,8 @@ SYNCING = {"fla_sync", "fla_host"}
 
 
 def capture_trivial_graph():
-    """One captured CUDA graph of one small kernel (bench/graph_floor.py: once three are
-    captured, every launch costs the GPU more, even after they are freed)."""
+    """One captured CUDA graph of one small kernel (bench/diagnostics/graph_floor.py: once three
+    are captured, every launch costs the GPU more, even after they are freed)."""
     g = torch.cuda.CUDAGraph()
     y = torch.zeros(4, device="cuda")
     s = torch.cuda.Stream()
@@ -63,8 +63,8 @@ def capacity_for(num_seqs: int, num_tokens: int) -> tuple[int, int]:
 
 def chunkmeta_methods(pkg, qsl, qsl_cpu, num_seqs: int, num_tokens: int, chunk_size: int, device: str = "cuda"):
     """The builder and the ``CHUNKMETA`` methods of one workload as zero-argument calls, made by
-    ``pkg``: this tree's chunkmeta, or an old tree's loaded beside it (bench/ab_host.py). The
-    graph replay is captured here, on CUDA only."""
+    ``pkg``: this tree's chunkmeta, or an old tree's loaded beside it
+    (bench/diagnostics/ab_host.py). The graph replay is captured here, on CUDA only."""
     cap_seqs, cap_tokens = capacity_for(num_seqs, num_tokens)
     builder = pkg.ChunkMetadataBuilder(cap_seqs, cap_tokens, chunk_size=chunk_size, device=device)
     methods = {"chunkmeta": lambda: builder.build(qsl, qsl_cpu)}
@@ -80,7 +80,7 @@ def chunkmeta_methods(pkg, qsl, qsl_cpu, num_seqs: int, num_tokens: int, chunk_s
 
 def compare_workload(num_seqs: int, num_tokens: int):
     """``(key, batch)``: a workload's name in the records and its batch, the same in every
-    benchmark that measures gpu_compare's workloads (bench/ab_host.py too)."""
+    benchmark that measures gpu_compare's workloads (bench/diagnostics/ab_host.py too)."""
     return f"{num_seqs}x{num_tokens // 1024}k", workload(num_seqs, num_tokens, seed=num_seqs)
 
 
@@ -266,8 +266,8 @@ def main() -> int:
         workloads = [w for w in WORKLOADS if f"{w[0]}x{w[1] // 1024}" in keep]
 
     # An engine has captured dozens of CUDA graphs before it serves, and from the third one on
-    # every kernel launch costs the GPU ~0.2 µs more (bench/graph_floor.py). Capturing three
-    # here puts every workload on that engine-like floor, not only those after the third.
+    # every kernel launch costs the GPU ~0.2 µs more (bench/diagnostics/graph_floor.py). Capturing
+    # three here puts every workload on that engine-like floor, not only those after the third.
     warm_graphs = [capture_trivial_graph() for _ in range(3)]
     results = {}
     breakdowns = {}

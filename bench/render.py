@@ -105,9 +105,9 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
     ),
     "gpu_ab": Family(
         "Old and new tree side by side",
-        "bench/ab_compare.py: gpu_compare and step_tables run in two trees, alternating, several times in one "
-        "command; per chunkmeta method and workload the medians over each tree's runs, new / old (`floor`: the "
-        "launch floor, the runs' drift).",
+        "bench/diagnostics/ab_compare.py: gpu_compare and step_tables run in two trees, alternating, several "
+        "times in one command; per chunkmeta method and workload the medians over each tree's runs, new / old "
+        "(`floor`: the launch floor, the runs' drift).",
         rows="rows",
         label="{kind} {workload} {method} {metric}",
         summary="guard (new / old <= {limit}) met {guard_met}; worst {worst[ratio]:.3f} ({worst[kind]} "
@@ -115,9 +115,9 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
     ),
     "ab_host": Family(
         "Old and new tree in one process",
-        "bench/ab_host.py: each chunkmeta build of the current tree and its twin in an old tree, loaded side by "
-        "side in one process and interleaved; per build the median over rounds of each tree's host p50 (and "
-        "device µs on CUDA), new / old, and whether the twins' tables are equal.",
+        "bench/diagnostics/ab_host.py: each chunkmeta build of the current tree and its twin in an old tree, "
+        "loaded side by side in one process and interleaved; per build the median over rounds of each tree's "
+        "host p50 (and device µs on CUDA), new / old, and whether the twins' tables are equal.",
         rows="rows",
         label="{workload} {build}",
         summary="guard (new / old <= {limit}) met {guard_met}; host median ratio {host_median_ratio:.3f}; worst "
@@ -154,7 +154,7 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
     ),
     "diag_launch": Family(
         "Where a build's host time goes",
-        "bench/diag_launch.py: host µs per call, medians of 2,000 calls back to back.",
+        "bench/diagnostics/diag_launch.py: host µs per call, medians of 2,000 calls back to back.",
         rows="us",
         summary="step build {step build:.1f} µs; one-shot {one-shot build:.1f} µs",
     ),
@@ -191,13 +191,13 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
     ),
     "launch_floor": Family(
         "Launch floor through gpu_compare's setup",
-        "bench/launch_floor.py: an empty launch's device µs after each gpu_compare workload's setup.",
+        "bench/diagnostics/launch_floor.py: an empty launch's device µs after each gpu_compare workload's setup.",
         rows="workloads",
         summary="after setup {after_setup:.2f} µs",
     ),
     "graph_floor": Family(
         "Launch floor against captured CUDA graphs",
-        "bench/graph_floor.py: an empty launch's device µs after capturing 0, 1, ... trivial graphs.",
+        "bench/diagnostics/graph_floor.py: an empty launch's device µs after capturing 0, 1, ... trivial graphs.",
         rows="graphs",
         label="{key} graphs",
         summary="{value:.2f} µs",

@@ -63,7 +63,7 @@ for stage in "$@"; do
         exit "${PIPESTATUS[0]}"
       )
       rc=$? ;;
-    diag) python3 bench/diag_launch.py --out "$WORK" 2>&1 | tee "$WORK/diag_launch.log"
+    diag) python3 bench/diagnostics/diag_launch.py --out "$WORK" 2>&1 | tee "$WORK/diag_launch.log"
       rc=${PIPESTATUS[0]} ;;
     steploop) python3 bench/step_loop.py --out "$WORK" --steps "${STEPS:-20}" 2>&1 | tee "$WORK/step_loop.log"
       rc=${PIPESTATUS[0]} ;;
@@ -72,12 +72,12 @@ for stage in "$@"; do
     demo) python3 -m chunkmeta 2>&1 | tee "$WORK/demo.log" | tail -8
       rc=${PIPESTATUS[0]}
       record demo "$WORK/demo.log" "bash bench/run_gpu.sh demo" ;;
-    stepsweep) python3 bench/step_fill_sweep.py --out "$WORK" ${STEPSWEEP_ARGS:-} 2>&1 | tee "$WORK/step_fill_sweep.log"
+    stepsweep) python3 bench/diagnostics/step_fill_sweep.py --out "$WORK" ${STEPSWEEP_ARGS:-} 2>&1 | tee "$WORK/step_fill_sweep.log"
       rc=${PIPESTATUS[0]} ;;
     diagnostics)  # the launch floor's drift: each in a fresh process (graph_floor needs one)
       rc=0
       for script in launch_floor graph_floor; do
-        python3 "bench/$script.py" --out "$WORK" 2>&1 | tee "$WORK/$script.log"
+        python3 "bench/diagnostics/$script.py" --out "$WORK" 2>&1 | tee "$WORK/$script.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done ;;
     vllm)  # vLLM 0.33.0's real builders and ops: an installed vLLM, or the carried .vllm_bundle

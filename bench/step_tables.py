@@ -136,7 +136,7 @@ def engine_methods():
 
 def table_sets(replay_module, tables_module) -> dict:
     """The table sets of the chunkmeta methods (``chunkmeta_<name>``), from a chunkmeta tree's
-    ``replay`` and ``tables`` modules (bench/ab_host.py passes an old tree's)."""
+    ``replay`` and ``tables`` modules (bench/diagnostics/ab_host.py passes an old tree's)."""
     kda = replay_module.kda_tables(64)
     ssd = replay_module.mamba2_tables(MAMBA_CHUNK)
     vllm_tables = {  # as the vLLM adapter asks for them: no fresh cu_seqlens

@@ -64,7 +64,7 @@ class CudaStepFill:
     by ``chunkmeta.native``'s step build. Compiled once per process and shape on the first
     ``kernel()`` call for a triple of input dtypes. ``row_capacities``: each entry's rows in the
     padded layout (``SlotLayout.rows_pad``), which no step exceeds. ``threads`` / ``block_rows``:
-    another launch shape than the default (bench/step_fill_sweep.py)."""
+    another launch shape than the default (bench/diagnostics/step_fill_sweep.py)."""
 
     def __init__(
         self,
@@ -82,10 +82,10 @@ class CudaStepFill:
         self.threads = threads or min(lanes, 256 if lanes <= 1024 else 512)
         self.seq_lanes = lanes
         # rows per program, a multiple of threads: 256 up to 1024 sequences, then max(512, lanes
-        # / 8) (512 x 512 at 4096): the fastest shapes of bench/step_fill_sweep.py at 256, 1024
-        # and 4096 sequences (bench/results/step_fill_sweep-2026-12-02*.json; at 4096, 256 x 256
-        # won only at one and 4 + 4 requests, by 0.08 us at most, and took 1.7-2.6x as long from
-        # 2048 + 2048). 8192 is unswept
+        # / 8) (512 x 512 at 4096): the fastest shapes of bench/diagnostics/step_fill_sweep.py at
+        # 256, 1024 and 4096 sequences (bench/results/step_fill_sweep-2026-12-02*.json; at 4096,
+        # 256 x 256 won only at one and 4 + 4 requests, by 0.08 us at most, and took 1.7-2.6x as
+        # long from 2048 + 2048). 8192 is unswept
         self.block_rows = (
             block_rows or cdiv(256 if lanes <= 1024 else max(512, lanes // 8), self.threads) * self.threads
         )

@@ -1,5 +1,5 @@
-"""bench/ab_host.py: another tree's chunkmeta loaded beside the current one in one process, and
-the twins' tables compared field by field (CPU)."""
+"""bench/diagnostics/ab_host.py: another tree's chunkmeta loaded beside the current one in one
+process, and the twins' tables compared field by field (CPU)."""
 
 import importlib
 import sys
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "diagnostics"))
 
 import ab_host  # noqa: E402
 
@@ -19,7 +19,7 @@ from chunkmeta.replay import kda_tables, mamba2_tables  # noqa: E402
 
 @pytest.fixture
 def other(tmp_path):
-    """This tree loaded again beside itself, as bench/ab_host.py loads an old one; unloaded after."""
+    """This tree loaded again beside itself, as ab_host.py loads an old one; unloaded after."""
     yield ab_host.load_tree(ROOT, tmp_path, name="chunkmeta_ab_self")
     sys.path.remove(str(tmp_path))
     for name in [name for name in sys.modules if name.split(".")[0] == "chunkmeta_ab_self"]:

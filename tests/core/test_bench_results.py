@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "diagnostics"))  # ab_compare
 
 import plot  # noqa: E402
 import render  # noqa: E402

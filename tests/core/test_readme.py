@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 RUNNABLE = [README, ROOT / "docs" / "design.md"]
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "bench").rglob("README.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 

@@ -1,8 +1,8 @@
 """Two trees' GPU benchmarks side by side, in alternating runs: issue 33's performance guard.
 
-    python3 bench/ab_compare.py --old DIR --new DIR --out OUT [--pairs 3] [--rounds 10]
-                                [--stages "bench steptables"] [--old-commit SHA] [--new-commit SHA]
-    python3 bench/ab_compare.py --pool A/runs.jsonl B/runs.jsonl ... --out OUT
+    python3 bench/diagnostics/ab_compare.py --old DIR --new DIR --out OUT [--pairs 3] [--rounds 10]
+                                            [--stages "bench steptables"] [--old-commit SHA] [--new-commit SHA]
+    python3 bench/diagnostics/ab_compare.py --pool A/runs.jsonl B/runs.jsonl ... --out OUT
 
 ``--pool``: one ``gpu_ab`` record from the runs of several calls of this script on one machine
 (a call is bounded by the device's 10-minute limit; the guard wants more pairs than one holds).
@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/: the record format
 import results as runs  # the record format
 
 # (record kind, metric in its figures, the name the guard gives it)
@@ -159,7 +159,7 @@ def pool(paths: list[Path], out: Path, limit: float) -> dict:
         "pooled_calls": len(ab_records),
     }
     figures.update(compare(by_tree, limit))
-    command = f"python bench/ab_compare.py --pool ({len(ab_records)} calls)"
+    command = f"python bench/diagnostics/ab_compare.py --pool ({len(ab_records)} calls)"
     record = runs.make_record("gpu_ab", figures, command=command, commit=first["commit"], device=first["device"])
     out.mkdir(parents=True, exist_ok=True)
     runs.write_records(out / "runs.jsonl", [record])
@@ -219,7 +219,9 @@ def main(argv: list[str]) -> int:
     scratch = Path(tempfile.mkdtemp())
     by_tree: dict[str, list[dict]] = {"new": [], "old": []}
     experiment = f"the old tree ({args.old_commit}) of an A/B against {new_commit}: not the current code"
-    command = f"python bench/ab_compare.py --pairs {args.pairs} --rounds {args.rounds} --stages '{args.stages}'"
+    command = (
+        f"python bench/diagnostics/ab_compare.py --pairs {args.pairs} --rounds {args.rounds} --stages '{args.stages}'"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     figures = {}
     runs_done = {"new": 0, "old": 0}

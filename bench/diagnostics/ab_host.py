@@ -1,9 +1,9 @@
 """Two trees' chunkmeta builds in one process, interleaved: host p50 and device µs, new / old.
 
-    python bench/ab_host.py --old DIR [--old-commit SHA] --out DIR [--rounds 20 (even)] [--calls 20]
-                            [--device cuda] [--workloads gpu_compare,step_tables]
+    python bench/diagnostics/ab_host.py --old DIR [--old-commit SHA] --out DIR [--rounds 20 (even)]
+        [--calls 20] [--device cuda] [--workloads gpu_compare,step_tables]
 
-Issue 33's guard compares an old and a new commit. Across processes (bench/ab_compare.py) the
+Issue 33's guard compares an old and a new commit. Across processes (ab_compare.py here) the
 host figures of identical code moved by more than the guard's 5% on an H100: step_tables'
 floor's host p50 was +5.5 to +8.7% in the new tree's processes against the old's (gpu_compare's
 -12 to +9%), and the floor's device µs fell in two modes, -9% (gpu_ab@2026-12-06T04:50:58Z).
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/: the benchmarks' modules
 import results as runs
 from gpu_compare import WORKLOADS as COMPARE_WORKLOADS
 from gpu_compare import chunkmeta_methods, compare_workload
@@ -228,7 +228,13 @@ def main(argv=None) -> int:
     if cuda:
         figures["device_median_ratio"] = median([r["device_ratio"] for r in rows])
     figures["guard_met"] = figures["all_exact"] and not figures["over_limit"]
-    runs.save("ab_host", figures, script="bench/ab_host.py", argv=sys.argv[1:] if argv is None else argv, out=args.out)
+    runs.save(
+        "ab_host",
+        figures,
+        script="bench/diagnostics/ab_host.py",
+        argv=sys.argv[1:] if argv is None else argv,
+        out=args.out,
+    )
     return 0 if figures["all_exact"] else 1
 
 

@@ -4,16 +4,19 @@ graphs first. This times the same empty launch (device µs per call, as gpu_comp
 start, after each workload's setup and warm-up in gpu_compare's order, and after plain
 allocations, to see what moves it.
 
-    python bench/launch_floor.py [--out DIR]     (its record: DIR/launch_floor.runs.jsonl)
+    python bench/diagnostics/launch_floor.py [--out DIR]     (its record: DIR/launch_floor.runs.jsonl)
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-import results as runs  # bench/results.py: the record format
 import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/: the benchmarks' modules
+import results as runs  # bench/results.py: the record format
 from anchors import empty_kernel
 from gpu_compare import WORKLOADS, Case
 
@@ -69,7 +72,7 @@ def main(argv: list[str]) -> int:
         held.append(torch.empty(size << 20, dtype=torch.uint8, device="cuda"))
         figures["after_allocating_mib"][str(size)] = us = empty_us()
         print(f"after allocating {size} MiB more: {us:.2f}")
-    runs.save("launch_floor", figures, script="bench/launch_floor.py", argv=argv, out=args.out)
+    runs.save("launch_floor", figures, script="bench/diagnostics/launch_floor.py", argv=argv, out=args.out)
     return 0
 
 

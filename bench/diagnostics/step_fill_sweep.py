@@ -5,9 +5,9 @@ step_tables workloads that fit (and two larger ones at 4096). This is how the st
 kernel order and the CUDA fill's shape are chosen (``chunkmeta.step_builder._CUDA_STEP_FILL_FIRST_UP_TO``,
 ``CudaStepFill``).
 
-    python bench/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
-                                    [--tables kda_gdn,all_five,mamba2] [--shapes 256/256,512/512]
-                                    [--variants auto,spans_off,unpaired,old=.old/chunkmeta/csrc/step_fill.cu]
+    python bench/diagnostics/step_fill_sweep.py [--out DIR] [--repeats K] [--capacities 256,1024,4096]
+        [--tables kda_gdn,all_five,mamba2] [--shapes 256/256,512/512]
+        [--variants auto,spans_off,unpaired,old=.old/chunkmeta/csrc/step_fill.cu]
 
 ``--variants`` lists the CUDA fills measured at each shape: ``auto`` (the fill as the builder makes
 it), ``spans_off`` (``SHARED_SPANS`` off: Mamba2 rows read their sequence's span from global
@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/: the benchmarks' modules
 from anchors import empty_kernel
 from step_tables import WORKLOADS, is_exact, make_case, table_sets
 

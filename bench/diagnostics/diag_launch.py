@@ -1,6 +1,6 @@
 """Where a step-table build's and a one-shot's host time goes, on a CUDA machine (a diagnostic).
 
-    python bench/diag_launch.py [--out DIR]
+    python bench/diagnostics/diag_launch.py [--out DIR]
 
 Times, per call (medians of 2,000): a KDA/GDN step build (FLA prefill + batch + conv1d, 32 + 32
 requests), its one C call (``native.step``: all of it but ``build``'s Python frame), that call's
@@ -25,7 +25,7 @@ from chunkmeta import StepTablesBuilder, arena, build_chunk_metadata
 from chunkmeta import one_shot as one_shot_module
 from chunkmeta import tables as T
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # bench/: the benchmarks' modules
 import results as runs
 from step_tables import CAPACITY, MAMBA_CHUNK, make_case
 
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     torch.cuda.synchronize()
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        runs.save("diag_launch", {"us": figures}, script="bench/diag_launch.py", argv=argv, out=args.out)
+        runs.save("diag_launch", {"us": figures}, script="bench/diagnostics/diag_launch.py", argv=argv, out=args.out)
     return 0
 
 

@@ -39,6 +39,21 @@ class Family:
 
 
 FAMILIES = {  # in RESULTS.md's order: the README's headline families first
+    "vllm_engine": Family(
+        "vLLM's own engine serving a hybrid model",
+        "bench/vllm_engine.py: vLLM 0.33.0's `LLM` engine (Model Runner V2, torch.compile, CUDA graphs, its "
+        "scheduler) serving dummy-weight models of published shapes, a closed loop at a fixed concurrency as "
+        "`vllm bench serve` runs one; methods `vllm` (chunkmeta off), `chunkmeta` (`CHUNKMETA_VLLM=1`), "
+        "`chunkmeta_graphs` (plus `CHUNKMETA_VLLM_FULL_GRAPH=1`). Cells: total tokens/s, mean TTFT, mean TPOT.",
+        rows="rows",
+        label="{model} {workload} c={concurrency}",
+        cell=(
+            "{total_tok_s:.0f} tok/s, TTFT {mean_ttft_ms:.1f} ms, TPOT {mean_tpot_ms:.2f} ms",
+            "{total_tok_s:.0f} tok/s, TTFT {mean_ttft_ms:.1f} ms",
+        ),
+        summary="chunkmeta {chunkmeta_vs_vllm[tok_s_gain_pct]:+.2f}% tok/s; "
+        "TTFT {chunkmeta_vs_vllm[ttft_ratio]:.3f}x; TPOT {chunkmeta_vs_vllm[tpot_ratio]:.3f}x",
+    ),
     "step_tables": Family(
         "A whole step's tables",
         "bench/step_tables.py: one `StepTablesBuilder.build` of a step's tables against vLLM 0.33.0's own functions "

@@ -7,4 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=bench/vllm_bundle
-exec bash bench/bundle/build.sh vllm .venv-vllm/bin/python $D/requirements.txt $D/vllm_bootstrap.py $D/check_imports.py
+exec bash bench/bundle/build.sh vllm .venv-vllm/bin/python $D/requirements.txt $D/vllm_bootstrap.py $D/vllm_c_standins.py \
+  $D/check_imports.py

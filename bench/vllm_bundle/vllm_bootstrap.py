@@ -2,12 +2,15 @@
 
 The bundle carries vLLM 0.33.0's .py files only (no compiled extensions). This file
 - selects vLLM's CPU platform unless VLLM_TARGET_DEVICE says otherwise, with pinned memory
-  reported as a CUDA host has it (see below why the CUDA platform cannot be used);
+  reported as a CUDA host has it (see below why the CPU platform is the default);
 - registers an empty stand-in for ``vllm._C_stable_libtorch``, the one compiled module that
-  ``vllm/platforms/cuda.py`` imports unconditionally (for VLLM_TARGET_DEVICE=cuda: the table
-  builders import then, the model modules do not);
+  ``vllm/platforms/cuda.py`` imports unconditionally;
+- with VLLM_TARGET_DEVICE=cuda (bench/vllm_engine.py: vLLM's own engine on the CUDA platform),
+  also defines the ``torch.ops._C`` operators that platform's path touches
+  (``vllm_c_standins``) and an empty ``vllm.vllm_flash_attn._vllm_fa2_C`` (a hard import of
+  ``vllm_flash_attn``; the engine runs Triton attention, never FlashAttention);
 - makes vLLM's model-registry subprocess import this file first.
-Code that calls ``torch.ops._C*`` fails with a normal AttributeError.
+Any other ``torch.ops._C*`` call fails with a normal AttributeError.
 """
 
 import importlib.util
@@ -25,17 +28,26 @@ _STUBS = ("vllm._C_stable_libtorch",)
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
+# VLLM_TARGET_DEVICE=cuda, set by the caller: vLLM's CUDA platform with the stand-ins below
+CUDA_PLATFORM = os.environ.get("VLLM_TARGET_DEVICE", "").lower() == "cuda"
+if CUDA_PLATFORM:
+    import vllm_c_standins  # beside this file in the bundle
+
+    _STUBS = (*_STUBS, "vllm.vllm_flash_attn._vllm_fa2_C")
+    vllm_c_standins.register()
 bundle_stubs.install(_STUBS, owner="vllm_bootstrap")
 
 
-# vLLM's CUDA platform is not usable without the compiled package: model modules (Kimi-K3's,
-# through fused_moe) call torch.ops._C at import. So the bundle runs vLLM's CPU platform on the
-# GPU host: the table builders, the Triton ops and the model-class checks are the same code, and
-# tensors still live on the device the caller names. One choice of the CPU platform would skew
-# the stock path's timings: it says pinned memory is unavailable, so vLLM's host->device copies
-# would be pageable; on a CUDA host it is available, as vLLM's CUDA platform says. (The CPU
-# platform also swaps causal_conv1d_fn for a torch version: bench/vllm_step_loop.py, its one user
-# here, takes the Triton one.)
+# By default the bundle runs vLLM's CPU platform on the GPU host: without the compiled package
+# some model modules (Kimi-K3's, through fused_moe) call torch.ops._C at import, and the step
+# benchmarks need vLLM's ops, not its engine (bench/vllm_engine.py runs the engine's CUDA
+# platform for dense hybrids, whose modules import with the stand-ins). On the CPU platform the
+# table builders, the Triton ops and the model-class checks are the same code, and tensors still
+# live on the device the caller names. One choice of the CPU platform would skew the stock
+# path's timings: it says pinned memory is unavailable, so vLLM's host->device copies would be
+# pageable; on a CUDA host it is available, as vLLM's CUDA platform says. (The CPU platform also
+# swaps causal_conv1d_fn for a torch version: bench/vllm_step_loop.py, its one user here, takes
+# the Triton one.)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
@@ -67,10 +79,9 @@ def _registry_command(exec_module, module):
 
 
 # module -> how it executes: wrap(exec_module, module)
-_ON_IMPORT = {
-    _REGISTRY: _registry_command,
-    "vllm.platforms.cpu": _pinned_memory_as_on_cuda,
-}
+_ON_IMPORT = {_REGISTRY: _registry_command}
+if not CUDA_PLATFORM:
+    _ON_IMPORT["vllm.platforms.cpu"] = _pinned_memory_as_on_cuda
 
 
 class _OnImport:

@@ -1,0 +1,673 @@
+"""vLLM 0.33.0's own engine serving a hybrid model, with and without chunkmeta: the figures a user acts on.
+
+    python bench/vllm_engine.py --out DIR [--models qwen3_5,nemotron_h] [--methods vllm,chunkmeta,chunkmeta_graphs]
+                                [--workloads seed,short,prefix] [--budget-s S] [--engine-timeout-s S]
+    python bench/vllm_engine.py --smoke --out DIR      (CPU: the driver end to end on a stand-in engine)
+
+On a GPU machine vLLM is an installed one or the carried ``.vllm_bundle`` (``source
+.vllm_bundle/setup_env.sh`` first); ``bash bench/run_gpu.sh engine`` does both. Each (model,
+method) runs in its own process (chunkmeta is wired at vLLM's start by its plugin, under
+``CHUNKMETA_VLLM``): ``vllm.LLM`` in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), vLLM's
+defaults (Model Runner V2, torch.compile, piecewise mixed and FULL decode CUDA graphs, prefix
+caching, async scheduling) except what the image forces (``ENGINE_ARGS``: Triton attention,
+native custom ops, the FLA-Triton GDN prefill, fewer capture sizes) and the seed's limits
+(``max_num_batched_tokens`` 4096, ``max_num_seqs`` 128). Weights: ``load_format="dummy"`` from
+``bench/engine_models/<model>/config.json`` (published dimensions), then redrawn from one seed
+(``reinit_weights``) so that greedy decoding is not degenerate; the same for every method.
+
+Per process: a correctness pass (fixed prompts in one batch, greedy, the sampled token's logprob;
+syncs counted per engine step and inside the metadata builders' ``build()`` under
+``torch.cuda.set_sync_debug_mode("warn")``), then each workload as ``vllm bench serve`` runs it
+(a closed loop at a fixed max concurrency, request rate unbounded; TTFT, TPOT, ITL, total and
+output tokens/s), then chunkmeta's own counters read inside the engine and every metadata
+builder's class. The parent never stops on one failure: a process that fails or runs past
+``--engine-timeout-s`` gives a row saying which stage it reached. One record ``vllm_engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import results as runs  # noqa: E402  bench/results.py
+
+MODELS_DIR = HERE / "engine_models"
+METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs")
+METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-ins
+    "vllm": {"CHUNKMETA_VLLM": "0", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
+    "chunkmeta": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
+    "chunkmeta_graphs": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "1"},
+}
+# Workloads: (input length range, output length, concurrencies, prompts per unit of concurrency,
+# shared prefix tokens, prefix groups). "seed": vLLM #51862's (random ISL 8192 / OSL 128).
+WORKLOADS = {
+    "seed": {"isl": (8192, 8192), "osl": 128, "concurrency": (1, 8, 32), "per": 4},
+    "short": {"isl": (64, 512), "osl": 64, "concurrency": (1, 8, 32), "per": 4},
+    "prefix": {"isl": (128, 512), "osl": 64, "concurrency": (8,), "per": 4, "prefix": 2048, "groups": 4},
+}
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+ENGINE_ARGS = {
+    "load_format": "dummy",
+    "skip_tokenizer_init": True,
+    "dtype": "bfloat16",
+    "max_model_len": 8192 + 256,
+    "max_num_batched_tokens": 4096,
+    "max_num_seqs": 128,
+    "gpu_memory_utilization": 0.85,
+    "seed": 0,
+    # the image has no FlashAttention / FlashInfer build and no vLLM custom kernels
+    "attention_config": {"backend": "TRITON_ATTN"},
+    "compilation_config": {"custom_ops": ["none"], "cudagraph_capture_sizes": list(CAPTURE_SIZES)},
+}
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: chunkmeta's counters readable
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_TARGET_DEVICE": "cuda",
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+MODEL_ARGS = {  # per model: what its layers need on the image (the same for every method)
+    "qwen3_5": {"additional_config": {"gdn_prefill_backend": "triton"}},
+}
+CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)  # lengths; 24 tokens out
+
+
+# ------------------------------------------------------------------ prompts and the serving loop
+
+
+def prompts(name: str, concurrency: int, vocab: int, *, count: int | None = None) -> list[list[int]]:
+    """A workload's token-id prompts: the same for every method (seeded by its name and concurrency)."""
+    import numpy as np
+
+    spec = WORKLOADS[name]
+    rng = np.random.default_rng([sum(map(ord, name)), concurrency])
+    count = count if count is not None else spec["per"] * concurrency
+    low, high = spec["isl"]
+    lengths = rng.integers(low, high + 1, size=count)
+    prefixes = [rng.integers(10, vocab - 10, size=spec["prefix"]).tolist() for _ in range(spec.get("groups", 0))]
+    out = []
+    for i, length in enumerate(lengths):
+        body = rng.integers(10, vocab - 10, size=int(length)).tolist()
+        out.append((prefixes[i % len(prefixes)] + body) if prefixes else body)
+    return out
+
+
+def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_params, *, clock=time.perf_counter):
+    """Closed loop at ``concurrency`` (``vllm bench serve --max-concurrency``, unbounded rate):
+    a new request as soon as one finishes. Per request: its start, each token's time, the
+    tokens and their logprobs. ``engine``: ``add_request(id, prompt, params)``, ``step()``,
+    ``has_unfinished_requests()`` (vLLM's ``LLMEngine``)."""
+    pending = list(enumerate(prompt_ids))[::-1]
+    live: dict[str, dict] = {}
+    done: list[dict] = []
+    steps = 0
+    start = clock()
+
+    def admit():
+        while pending and len(live) < concurrency:
+            index, ids = pending.pop()
+            rid = f"r{index}"
+            live[rid] = {"index": index, "isl": len(ids), "start": clock(), "times": [], "tokens": [], "logprobs": []}
+            engine.add_request(rid, {"prompt_token_ids": ids}, make_params(osl))
+
+    admit()
+    while live:
+        outputs = engine.step()
+        steps += 1
+        now = clock()
+        for out in outputs:
+            req = live.get(out.request_id)
+            if req is None:
+                continue
+            completion = out.outputs[0]
+            new = completion.token_ids[len(req["tokens"]) :]
+            req["times"].extend([now] * len(new))
+            req["tokens"].extend(new)
+            if completion.logprobs is not None:
+                for position in range(len(req["logprobs"]), len(completion.logprobs)):
+                    entry = completion.logprobs[position]
+                    token = req["tokens"][position]
+                    req["logprobs"].append(float(entry[token].logprob) if token in entry else None)
+            if out.finished:
+                done.append(live.pop(out.request_id))
+        admit()
+        if not live and not engine.has_unfinished_requests():
+            break
+    return {"requests": sorted(done, key=lambda r: r["index"]), "seconds": clock() - start, "steps": steps}
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _summary(name: str, values: list[float]) -> dict:
+    if not values:
+        return {}
+    return {
+        f"mean_{name}_ms": round(statistics.fmean(values), 3),
+        f"median_{name}_ms": round(statistics.median(values), 3),
+        f"p99_{name}_ms": round(_pct(values, 99), 3),
+    }
+
+
+def metrics(run: dict) -> dict:
+    """``vllm bench serve``'s figures from ``serve()``'s requests (ms; tokens/s)."""
+    reqs = run["requests"]
+    ttft = [(r["times"][0] - r["start"]) * 1e3 for r in reqs if r["times"]]
+    tpot = [(r["times"][-1] - r["times"][0]) * 1e3 / (len(r["times"]) - 1) for r in reqs if len(r["times"]) > 1]
+    itl = [(b - a) * 1e3 for r in reqs for a, b in zip(r["times"], r["times"][1:], strict=False)]
+    out_tokens = sum(len(r["tokens"]) for r in reqs)
+    in_tokens = sum(r["isl"] for r in reqs)
+    seconds = run["seconds"]
+    return {
+        "requests": len(reqs),
+        "duration_s": round(seconds, 4),
+        "steps": run["steps"],
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "output_tok_s": round(out_tokens / seconds, 2),
+        "total_tok_s": round((in_tokens + out_tokens) / seconds, 2),
+        **_summary("ttft", ttft),
+        **_summary("tpot", tpot),
+        **_summary("itl", itl),
+    }
+
+
+# ------------------------------------------------------------------ one (model, method): the child process
+
+EVENT = "ENGINE_EVENT "
+
+
+def emit(event: str, **fields) -> None:
+    """One line the parent reads (the rest of the output is the engine's log)."""
+    print(EVENT + json.dumps({"event": event, "t": round(time.time(), 3), **fields}, default=str), flush=True)
+
+
+def reinit_weights(model, seed: int = 0) -> dict:
+    """Redraw the dummy weights from ``seed`` (in place: captured graphs keep their addresses):
+    matrices N(0, 1/fan_in), norm scales at their identity (1, or 0 for Gemma-style ``1 + w``
+    norms); vLLM's dummy values (uniform +-1e-3) make every logit nearly equal, and greedy
+    decoding one repeated token. Everything else keeps vLLM's dummy values."""
+    import torch
+
+    norms = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if "Norm" in type(module).__name__ and isinstance(weight, torch.Tensor) and weight.dim() == 1:
+            norms[f"{name}.weight" if name else "weight"] = 0.0 if "Gemma" in type(module).__name__ else 1.0
+    counts = {"matrices": 0, "norms": 0, "kept": 0}
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if not param.is_floating_point():
+                counts["kept"] += 1
+            elif name in norms:
+                param.fill_(norms[name])
+                counts["norms"] += 1
+            elif param.dim() >= 2:
+                param.normal_(0.0, param[0].numel() ** -0.5, generator=generator)
+                counts["matrices"] += 1
+            else:
+                counts["kept"] += 1
+    return counts
+
+
+def _worker_of(obj):
+    return getattr(obj, "worker", obj)
+
+
+def _builders(worker):
+    runner = _worker_of(worker).model_runner
+    for groups in getattr(runner, "attn_groups", ()):
+        for group in groups:
+            yield from getattr(group, "metadata_builders", ())
+
+
+def wiring(worker) -> dict:
+    """What runs inside the engine: every metadata builder's class and chunkmeta's counters."""
+    found = {}
+    for builder in _builders(worker):
+        name = type(builder).__name__
+        entry = found.setdefault(name, {"count": 0, "chunkmeta": hasattr(builder, "chunkmeta_stats")})
+        entry["count"] += 1
+        if hasattr(builder, "chunkmeta_stats"):
+            entry.setdefault("stats", []).append(builder.chunkmeta_stats())
+    out = {"builders": found, "runner": type(_worker_of(worker).model_runner).__module__}
+    if "chunkmeta.integrations.vllm" in sys.modules:
+        from chunkmeta.integrations import vllm as cm
+
+        out["installed"] = sorted(f"{k.__name__}->{v.__name__}" for k, v in cm.installed().items())
+        out["pending"] = list(cm.pending())
+        out["stats"] = cm.stats()
+    return out
+
+
+class SyncCounter:
+    """Engine steps under ``set_sync_debug_mode("warn")``: syncs per step, and those inside the
+    metadata builders' ``build()`` (each builder's bound ``build`` wrapped while counting)."""
+
+    WARNING = "called a synchronizing CUDA operation"
+
+    def __init__(self, engine, worker):
+        self.engine, self.steps, self.total, self.in_build, self.sites = engine, 0, 0, 0, {}
+        self._caught = None
+        self._wrapped = []
+        for builder in _builders(worker):
+            self._wrap(builder)
+
+    def _wrap(self, builder):
+        original = builder.build
+
+        def build(*args, **kwargs):
+            before = self._count()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.in_build += self._count() - before
+
+        builder.build = build
+        self._wrapped.append(builder)
+
+    def _count(self) -> int:
+        return sum(self.WARNING in str(w.message) for w in self._caught) if self._caught is not None else 0
+
+    def step(self):
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._caught = caught
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return self.engine.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                self._caught = None
+                self.steps += 1
+                for w in caught:
+                    if self.WARNING in str(w.message):
+                        self.total += 1
+                        site = f"{Path(w.filename).as_posix().split('site-packages/')[-1].split('/py/')[-1]}:{w.lineno}"
+                        self.sites[site] = self.sites.get(site, 0) + 1
+
+    def undo(self):
+        for builder in self._wrapped:
+            del builder.build
+        self._wrapped = []
+
+    def figures(self) -> dict:
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "syncs_per_step": round(self.total / steps, 3),
+            "builder_syncs_per_step": round(self.in_build / steps, 3),
+            "sync_sites": dict(sorted(self.sites.items(), key=lambda kv: -kv[1])[:8]),
+        }
+
+
+class _Counting:
+    """The engine with ``step`` counted by a ``SyncCounter`` (``serve`` calls ``step``)."""
+
+    def __init__(self, engine, counter):
+        self._engine, self.step = engine, counter.step
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def _sampling(osl: int):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True, logprobs=0)
+
+
+def child(args) -> int:
+    emit("start", model=args.model, method=args.method, pid=os.getpid())
+    deadline = args.deadline or float("inf")
+    if args.engine == "fake":
+        import vllm_engine_fake as fake  # tests/support: the CPU smoke test's stand-in engine
+
+        llm, vocab, make_params = fake.FakeLLM(args.model, args.method), 1000, fake.params
+    else:
+        try:
+            import vllm_bootstrap  # noqa: F401  the carried .vllm_bundle
+        except ImportError:
+            pass
+        from vllm import LLM
+
+        config = json.loads((MODELS_DIR / args.model / "config.json").read_text())
+        vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+        t0 = time.perf_counter()
+        llm = LLM(model=str(MODELS_DIR / args.model), **ENGINE_ARGS, **MODEL_ARGS.get(args.model, {}))
+        emit("engine_ready", startup_s=round(time.perf_counter() - t0, 1))
+        make_params = _sampling
+        emit("weights", **llm.collective_rpc(lambda w: reinit_weights(_worker_of(w).model_runner.model))[0])
+    engine = llm.llm_engine
+    emit("wiring", **llm.collective_rpc(wiring)[0])
+
+    # correctness: one batch of fixed prompts, greedy, syncs counted
+    counter = llm.collective_rpc(lambda w: SyncCounter(engine, w))[0] if args.engine != "fake" else None
+    ids = [
+        list(range(11, 11 + n)) if i % 2 else [(7 * j + i) % (vocab - 20) + 10 for j in range(n)]
+        for i, n in enumerate(CORRECTNESS_PROMPTS)
+    ]
+    target = _Counting(engine, counter) if counter is not None else engine
+    run = serve(target, ids, 24, len(ids), make_params)
+    if counter is not None:
+        counter.undo()
+    emit(
+        "correctness",
+        tokens=[r["tokens"] for r in run["requests"]],
+        logprobs=[r["logprobs"] for r in run["requests"]],
+        syncs=counter.figures() if counter is not None else None,
+    )
+    after = llm.collective_rpc(wiring)[0]
+    emit("wiring_after_correctness", **after)
+    if args.method == "chunkmeta_graphs":
+        mixed = sum(s.get("mixed_steps", 0) for b in after["builders"].values() for s in b.get("stats", []))
+        if not mixed:
+            emit("not_engaged", reason=_why_not_engaged(after))
+            return 0
+
+    for name in args.workloads:
+        spec = WORKLOADS[name]
+        for concurrency in args.concurrency.get(name, spec["concurrency"]):
+            if time.time() > deadline:
+                emit("skipped", workload=name, concurrency=concurrency, reason="past the time budget")
+                continue
+            batch = prompts(name, concurrency, vocab)
+            serve(engine, batch[:1], spec["osl"], 1, make_params)  # warm-up: this shape's kernels, autotuning
+            result = metrics(serve(engine, batch, spec["osl"], concurrency, make_params))
+            emit("workload", workload=name, concurrency=concurrency, **result)
+    emit("final", **llm.collective_rpc(wiring)[0])
+    return 0
+
+
+def _why_not_engaged(after: dict) -> str:
+    stats = [s for b in after["builders"].values() for s in b.get("stats", [])]
+    causes = sorted({c for s in stats for c in s.get("mixed_fallbacks", {})})
+    if not any("mixed_steps" in s for s in stats):
+        return "no chunkmeta builder with the mixed-step opt-in is in the engine"
+    if causes:
+        return "mixed steps fell back: " + "; ".join(causes)
+    return (
+        f"no mixed step was staged: {after['runner']} adds no mixed FULL CUDA-graph keys (chunkmeta patches "
+        "V1's GPUModelRunner only; Model Runner V2 is vLLM 0.33.0's default: issue 48)"
+    )
+
+
+# ------------------------------------------------------------------ the parent: every (model, method), the record
+
+
+def run_one(model: str, method: str, args, log_dir: Path) -> dict:
+    """One engine process; its events, or why it stopped (the stage it had reached)."""
+    log = log_dir / f"engine_{model}_{method}.log"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--model",
+        model,
+        "--method",
+        method,
+        "--engine",
+        args.engine,
+        "--workloads",
+        ",".join(args.workloads),
+        "--concurrency",
+        json.dumps(args.concurrency),
+        "--deadline",
+        str(args.deadline or 0),
+    ]
+    env = {**os.environ, **ENGINE_ENV, **METHOD_ENV[method]}
+    if args.engine == "fake":
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "tests" / "support"), env.get("PYTHONPATH", "")])
+    timeout = args.engine_timeout_s
+    if args.deadline:
+        timeout = max(10.0, min(timeout, args.deadline - time.time() + 60))
+    started = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    events = [json.loads(line[len(EVENT) :]) for line in log.read_text().splitlines() if line.startswith(EVENT)]
+    row = {"model": model, "method": method, "seconds": round(time.time() - started, 1), "events": events}
+    stage = events[-1]["event"] if events else "process start"
+    if rc is None:
+        row["error"] = f"ran past {timeout:.0f} s after stage {stage!r}"
+    elif rc != 0:
+        tail = [line for line in log.read_text().splitlines() if line.strip()][-3:]
+        row["error"] = f"exit {rc} after stage {stage!r}: " + " | ".join(tail)[-600:]
+    return row
+
+
+def not_applicable(model: str, method: str) -> str | None:
+    """Why a method does not apply to a model (no process is started for it), or None."""
+    if method != "chunkmeta_graphs":
+        return None
+    config = json.loads((MODELS_DIR / model / "config.json").read_text())
+    from chunkmeta.integrations.vllm import full_graph
+
+    if set(config.get("architectures", ())) & (full_graph.KIMI_ARCHITECTURES | full_graph.QWEN_ARCHITECTURES):
+        return None
+    return (
+        f"{config.get('architectures')}: the mixed-step opt-in patches GDN-family layers (Kimi-Linear, "
+        "Qwen3-Next / Qwen3.5) only; Mamba2 mixed steps in one graph are issue 49"
+    )
+
+
+def _event(row: dict, name: str) -> dict | None:
+    return next((e for e in row["events"] if e["event"] == name), None)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The record's figures: per (model, workload, concurrency) each method's serving figures and
+    chunkmeta's ratios to vLLM; per model the logprob comparison and each method's status."""
+    keys = (
+        "total_tok_s",
+        "output_tok_s",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "median_itl_ms",
+        "p99_itl_ms",
+        "duration_s",
+        "steps",
+    )
+    table: dict[tuple, dict] = {}
+    methods: dict[str, dict] = {}
+    correctness: dict[str, dict] = {}
+    for row in rows:
+        model, method = row["model"], row["method"]
+        status = {"seconds": row["seconds"]}
+        for name in ("engine_ready", "weights", "not_engaged"):
+            event = _event(row, name)
+            if event:
+                status.update({k: v for k, v in event.items() if k not in ("event", "t")})
+        for key in ("error", "not_applicable"):
+            if key in row:
+                status[key] = row[key]
+        final = _event(row, "final") or _event(row, "wiring_after_correctness") or _event(row, "wiring")
+        if final:
+            status["builders"] = {k: v["count"] for k, v in final["builders"].items()}
+            status["runner"] = final.get("runner")
+            if "stats" in final:
+                stats = final["stats"]
+                status["chunkmeta"] = {k: stats.get(k) for k in ("builders", "active", "builds", "served", "fallbacks")}
+        check = _event(row, "correctness")
+        if check:
+            status["syncs"] = check.get("syncs")
+            correctness.setdefault(model, {})[method] = check
+        methods.setdefault(model, {})[method] = status
+        for event in row["events"]:
+            if event["event"] == "workload":
+                cell = table.setdefault((model, event["workload"], event["concurrency"]), {})
+                cell[method] = {k: event[k] for k in keys if k in event}
+    out_rows = []
+    for (model, workload, concurrency), cells in table.items():
+        entry = {"model": model, "workload": workload, "concurrency": concurrency, "methods": cells}
+        base = cells.get("vllm")
+        for method, cell in cells.items():
+            if method == "vllm" or base is None:
+                continue
+            entry[f"{method}_vs_vllm"] = {
+                "tok_s_gain_pct": round(100 * (cell["total_tok_s"] / base["total_tok_s"] - 1), 2),
+                "ttft_ratio": round(base["mean_ttft_ms"] / cell["mean_ttft_ms"], 3),
+                "tpot_ratio": round(base["mean_tpot_ms"] / cell["mean_tpot_ms"], 3) if "mean_tpot_ms" in cell else None,
+            }
+        out_rows.append(entry)
+    return {"rows": out_rows, "methods": methods, "logprobs": {m: compare_logprobs(c) for m, c in correctness.items()}}
+
+
+def compare_logprobs(by_method: dict) -> dict:
+    """Every method's greedy tokens and logprobs against vLLM's: equal, or where they first differ."""
+    base = by_method.get("vllm")
+    out = {}
+    if base is None:
+        return {"note": "no vllm row to compare with"}
+    distinct = len({t for req in base["tokens"] for t in req})
+    out["distinct_tokens_vllm"] = distinct
+    for method, check in by_method.items():
+        if method == "vllm":
+            continue
+        first = None
+        for i, (ta, tb, la, lb) in enumerate(
+            zip(base["tokens"], check["tokens"], base["logprobs"], check["logprobs"], strict=False)
+        ):
+            for j, (a, b, x, y) in enumerate(zip(ta, tb, la, lb, strict=False)):
+                if a != b or x != y:
+                    first = {"request": i, "position": j, "vllm": [a, x], method: [b, y]}
+                    break
+            if first or len(ta) != len(tb):
+                first = first or {"request": i, "lengths": [len(ta), len(tb)]}
+                break
+        out[method] = {"identical": first is None, "first_divergence": first}
+    return out
+
+
+def print_table(figures: dict) -> None:
+    for model, methods in figures["methods"].items():
+        for method, status in methods.items():
+            flag = status.get("error") or status.get("reason") or status.get("not_applicable") or ""
+            print(
+                f"{model:12s} {method:17s} start {status.get('startup_s', '-')} s  builders {status.get('builders')} "
+                f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} {flag}"
+            )
+    print(
+        f"{'model':12s} {'workload':8s} {'conc':>4s}  {'method':17s} {'tok/s':>9s} {'TTFT ms':>9s} "
+        f"{'TPOT ms':>8s}  vs vllm"
+    )
+    for row in figures["rows"]:
+        for method, cell in row["methods"].items():
+            ratio = row.get(f"{method}_vs_vllm")
+            vs = f"{ratio['tok_s_gain_pct']:+.2f}% tok/s, TTFT {ratio['ttft_ratio']:.3f}x" if ratio else ""
+            print(
+                f"{row['model']:12s} {row['workload']:8s} {row['concurrency']:4d}  {method:17s} "
+                f"{cell['total_tok_s']:9.1f} {cell.get('mean_ttft_ms', float('nan')):9.2f} "
+                f"{cell.get('mean_tpot_ms', float('nan')):8.3f}  {vs}"
+            )
+    for model, check in figures["logprobs"].items():
+        print(f"logprobs {model}: {json.dumps(check)}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--models", default="qwen3_5,nemotron_h")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--concurrency", default="{}", help='JSON: workload -> concurrencies, e.g. {"seed": [8]}')
+    parser.add_argument("--engine", choices=("vllm", "fake"), default="vllm")
+    parser.add_argument("--engine-timeout-s", type=float, default=540.0)
+    parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting engines past this (0: none)")
+    parser.add_argument("--smoke", action="store_true", help="CPU: the stand-in engine, small workloads")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.concurrency = {k: tuple(v) for k, v in json.loads(args.concurrency).items()}
+    unknown = [w for w in args.workloads if w not in WORKLOADS] + [
+        m for m in args.methods.split(",") if m not in METHODS
+    ]
+    if unknown:
+        parser.error(f"unknown workload or method: {unknown}")
+    if args.child:
+        return child(args)
+    if args.smoke:
+        args.engine = "fake"
+        args.concurrency = {w: (1, 2) for w in args.workloads} | args.concurrency
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.deadline = time.time() + args.budget_s if args.budget_s else 0.0
+    rows = []
+    for i, model in enumerate(args.models.split(",")):
+        order = args.methods.split(",")
+        for method in order if i % 2 == 0 else order[::-1]:  # alternate which method starts cold
+            if args.deadline and time.time() > args.deadline:
+                rows.append(
+                    {
+                        "model": model,
+                        "method": method,
+                        "seconds": 0,
+                        "events": [],
+                        "error": "not started: past the time budget",
+                    }
+                )
+                continue
+            reason = not_applicable(model, method)
+            if reason:
+                rows.append({"model": model, "method": method, "seconds": 0, "events": [], "not_applicable": reason})
+                continue
+            rows.append(run_one(model, method, args, out))
+            print(f"{model} {method}: {rows[-1].get('error', 'ok')} ({rows[-1]['seconds']} s)", flush=True)
+    figures = summarize(rows)
+    figures["engine_args"] = ENGINE_ARGS | {"per_model": MODEL_ARGS}
+    figures["engine_env"] = ENGINE_ENV
+    figures["engine"] = args.engine
+    figures["standins"] = _standins()
+    (out / "vllm_engine_rows.json").write_text(json.dumps(rows, indent=1, default=str))
+    print_table(figures)
+    record = runs.save("vllm_engine", figures, script="bench/vllm_engine.py", argv=argv, out=out)
+    print(f"record {record['id']}")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def _standins() -> list[str]:
+    """What stands in for vLLM's compiled pieces on this machine (the same for every method)."""
+    try:
+        import vllm_c_standins
+    except ImportError:
+        return []
+    return [f"torch.ops._C.{name}" for name in vllm_c_standins.SCHEMAS] + ["vllm.vllm_flash_attn._vllm_fa2_C (empty)"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

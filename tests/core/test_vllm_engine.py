@@ -1,0 +1,146 @@
+"""bench/vllm_engine.py's driver on CPU: the serving loop's figures, the logprob comparison, and the
+whole parent/child run on a stand-in engine, including a method whose engine fails or hangs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import vllm_engine  # noqa: E402
+
+import vllm_engine_fake  # noqa: E402
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _TickingEngine(vllm_engine_fake._Engine):
+    """The fake engine on a clock that advances 10 ms a step."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def step(self):
+        self.clock.now += 0.010
+        return super().step()
+
+
+def test_serve_keeps_concurrency_and_times_tokens():
+    clock = _Clock()
+    engine = _TickingEngine(clock)
+    batch = [[1] * 10, [2] * 20, [3] * 30]
+    run = vllm_engine.serve(engine, batch, 4, 2, vllm_engine_fake.params, clock=clock)
+    reqs = run["requests"]
+    assert [r["index"] for r in reqs] == [0, 1, 2]
+    assert all(len(r["tokens"]) == 4 and len(r["times"]) == 4 for r in reqs)
+    # two at a time: the third starts when the first two finish (a prefill step, then four tokens)
+    assert reqs[0]["start"] == reqs[1]["start"] == 0.0
+    assert reqs[2]["start"] == pytest.approx(0.05)
+    m = vllm_engine.metrics(run)
+    assert m["requests"] == 3 and m["output_tokens"] == 12 and m["input_tokens"] == 60
+    assert m["mean_ttft_ms"] == pytest.approx(20.0)  # the prefill step, then the first token's step
+    assert m["mean_tpot_ms"] == pytest.approx(10.0)
+    assert m["median_itl_ms"] == pytest.approx(10.0)
+    assert m["total_tok_s"] == pytest.approx(72 / run["seconds"], rel=1e-3)
+
+
+def test_prompts_are_the_same_for_every_method_and_share_prefixes():
+    a = vllm_engine.prompts("prefix", 8, 1000)
+    assert a == vllm_engine.prompts("prefix", 8, 1000)
+    assert len(a) == 32
+    spec = vllm_engine.WORKLOADS["prefix"]
+    assert a[0][: spec["prefix"]] == a[spec["groups"]][: spec["prefix"]]
+    assert a[0][: spec["prefix"]] != a[1][: spec["prefix"]]
+    seed = vllm_engine.prompts("seed", 1, 1000)
+    assert {len(p) for p in seed} == {8192}
+
+
+def test_logprob_comparison_names_the_first_divergence():
+    base = {"tokens": [[1, 2, 3], [4, 5]], "logprobs": [[-0.1, -0.2, -0.3], [-0.4, -0.5]]}
+    same = json.loads(json.dumps(base))
+    other = json.loads(json.dumps(base))
+    other["logprobs"][1][1] = -0.55
+    out = vllm_engine.compare_logprobs({"vllm": base, "chunkmeta": same, "chunkmeta_graphs": other})
+    assert out["chunkmeta"] == {"identical": True, "first_divergence": None}
+    assert out["chunkmeta_graphs"]["identical"] is False
+    assert out["chunkmeta_graphs"]["first_divergence"]["request"] == 1
+    assert out["chunkmeta_graphs"]["first_divergence"]["position"] == 1
+
+
+def _run(tmp_path, *extra, env=None):
+    cmd = [sys.executable, str(ROOT / "bench" / "vllm_engine.py"), "--smoke", "--out", str(tmp_path), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_smoke_run_writes_one_record_with_every_row(tmp_path):
+    done = _run(tmp_path, "--models", "qwen3_5,nemotron_h", "--workloads", "short,prefix")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "vllm_engine.runs.jsonl").read_text().splitlines()]
+    figures = record["figures"]
+    keys = {(r["model"], r["workload"], r["concurrency"]) for r in figures["rows"]}
+    assert keys == {(m, w, c) for m in ("qwen3_5", "nemotron_h") for w in ("short", "prefix") for c in (1, 2)}
+    qwen = next(r for r in figures["rows"] if r["model"] == "qwen3_5")
+    assert set(qwen["methods"]) == {"vllm", "chunkmeta"}  # chunkmeta_graphs did not engage: no workloads
+    assert "tok_s_gain_pct" in qwen["chunkmeta_vs_vllm"]
+    assert figures["methods"]["nemotron_h"]["chunkmeta_graphs"]["not_applicable"].startswith("['NemotronH")
+    assert "did not" not in figures["methods"]["qwen3_5"]["chunkmeta_graphs"].get("reason", "")
+    assert figures["logprobs"]["qwen3_5"]["chunkmeta"]["identical"] is True
+
+
+def test_a_failing_or_hanging_engine_gives_its_row_and_the_others_run(tmp_path):
+    done = _run(
+        tmp_path,
+        "--models",
+        "qwen3_5",
+        "--workloads",
+        "short",
+        "--engine-timeout-s",
+        "5",
+        env={"FAKE_ENGINE_FAULT": "chunkmeta:fail,chunkmeta_graphs:hang"},
+    )
+    assert done.returncode == 1  # some row failed; the record is written all the same
+    (record,) = [json.loads(line) for line in (tmp_path / "vllm_engine.runs.jsonl").read_text().splitlines()]
+    methods = record["figures"]["methods"]["qwen3_5"]
+    assert "fake engine start failed" in methods["chunkmeta"]["error"]
+    assert "after stage 'start'" in methods["chunkmeta"]["error"]
+    assert methods["chunkmeta_graphs"]["error"].startswith("ran past 5 s after stage 'start'")
+    assert "error" not in methods["vllm"]
+    assert {tuple(r["methods"]) for r in record["figures"]["rows"]} == {("vllm",)}
+
+
+def test_bad_workload_is_refused():
+    with pytest.raises(SystemExit):
+        vllm_engine.main(["--smoke", "--workloads", "nope"])
+
+
+def test_reinit_weights_draws_matrices_and_sets_norms():
+    torch = pytest.importorskip("torch")
+
+    class GemmaRMSNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((4,), 1e-3))
+
+    class RMSNorm(GemmaRMSNorm):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), GemmaRMSNorm(), RMSNorm())
+    counts = vllm_engine.reinit_weights(model, seed=1)
+    assert counts == {"matrices": 1, "norms": 2, "kept": 1}  # the Linear's bias keeps its value
+    assert torch.all(model[1].weight == 0) and torch.all(model[2].weight == 1)
+    first = model[0].weight.clone()
+    vllm_engine.reinit_weights(model, seed=1)
+    assert torch.equal(first, model[0].weight)

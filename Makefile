@@ -34,7 +34,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m ruff format --check $(LINT_PATHS)
-	$(PY) bench/results.py render --check  # bench/RESULTS.md and docs/host_time.png are what the data file draws
+	$(PY) bench/results.py render --check  # bench/RESULTS.md and the docs/ pictures are what the data file draws
 
 test: lint
 	$(PY) -m pytest

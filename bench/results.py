@@ -1,6 +1,6 @@
-"""Benchmark runs: one append-only data file, and bench/RESULTS.md and docs/host_time.png drawn from it.
+"""Benchmark runs: one append-only data file, and bench/RESULTS.md and the docs/ pictures drawn from it.
 
-    python bench/results.py render [--check]             RESULTS.md and the picture from bench/results/runs.jsonl
+    python bench/results.py render [--check]             RESULTS.md and the pictures from bench/results/runs.jsonl
     python bench/results.py add FILE... [--commit REV]   append records made on a GPU machine
     python bench/results.py gather DIR [--to FILE]       DIR/*.runs.jsonl -> DIR/runs.jsonl (or FILE)
     python bench/results.py record KIND FILE --out DIR --command CMD
@@ -23,8 +23,9 @@ The GPU benchmark scripts write their records under their ``--out`` directory
   "latest" of its family), ``note``, ``source`` (the file an old record was imported from).
 
 ``render`` writes bench/RESULTS.md (bench/render.py: per family, a table of its latest record and
-one line per record) and docs/host_time.png (bench/plot.py). Making records needs the standard
-library only (it runs on the GPU machine beside the benchmarks); the picture needs numpy.
+one line per record), docs/host_time.png and, once a vllm_engine record has rows,
+docs/engine_serving.png (bench/plot.py). Making records needs the standard library only (it runs
+on the GPU machine beside the benchmarks); the pictures need numpy.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "results" / "runs.jsonl"
 RESULTS_MD = HERE / "RESULTS.md"
 PICTURE = HERE.parent / "docs" / "host_time.png"
+ENGINE_PICTURE = HERE.parent / "docs" / "engine_serving.png"  # drawn once a vllm_engine record has rows
 REQUIRED = ("id", "kind", "date", "commit", "command", "device", "figures")
 OPTIONAL = ("experiment", "note", "source")
 RECORD_SUFFIX = ".runs.jsonl"
@@ -309,10 +311,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA, help="the data file (default: bench/results/runs.jsonl)")
     parser.add_argument("--results-md", type=Path, default=RESULTS_MD, help="what render writes")
-    parser.add_argument("--picture", type=Path, default=PICTURE, help="the PNG render draws")
+    parser.add_argument("--picture", type=Path, default=PICTURE, help="the host-time PNG render draws")
+    parser.add_argument("--engine-picture", type=Path, default=ENGINE_PICTURE, help="the engine-serving PNG")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("render", help="write bench/RESULTS.md and the picture from the data file")
-    p.add_argument("--check", action="store_true", help="exit 1 if either is not what render writes")
+    p = sub.add_parser("render", help="write bench/RESULTS.md and the pictures from the data file")
+    p.add_argument("--check", action="store_true", help="exit 1 if any is not what render writes")
     p = sub.add_parser("add", help="append the records of runs.jsonl files made on a GPU machine")
     p.add_argument("files", nargs="+")
     p.add_argument("--commit", help="the commit measured, for records that say unknown or -dirty")
@@ -338,6 +341,9 @@ def main(argv: list[str]) -> int:
         args.results_md: (render(records).encode(), bytes.__eq__),
         args.picture: (plot.draw(records)[0], plot.same_png),
     }
+    engine = plot.draw_engine(records)  # None, and no picture to check, before a vllm_engine record
+    if engine:
+        made[args.engine_picture] = (engine[0], plot.same_png)
     stale = [path for path, (content, same) in made.items() if not (path.exists() and same(path.read_bytes(), content))]
     for path in [] if args.check else stale:
         path.write_bytes(made[path][0])

@@ -1,8 +1,8 @@
 # Run the GPU stages on a CUDA machine.
-#   bash bench/run_gpu.sh tests benchmarks bench steptables diag steploop stress demo stepsweep diagnostics vllm vllmbuilders fullgraph
+#   bash bench/run_gpu.sh engine tests benchmarks bench steptables diag steploop stress demo stepsweep diagnostics vllm vllmbuilders fullgraph
 #   (TESTS_K=expr: pytest -k for tests; TESTS_TIMEOUT_S: stop the tests stage's pytest after that
 #   long, so that the later stages still run and every record comes back; ROUNDS, COMPARE_ARGS
-#   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, STEPSWEEP_ARGS, VLLM_LOOP_BUDGET_S: see each stage)
+#   (e.g. --workloads 1x4,1024x64), STEPS, STRESS_STEPS, STEPSWEEP_ARGS, VLLM_LOOP_BUDGET_S, ENGINE_ARGS: see each stage)
 # Each stage writes its log and its record(s) (<kind>.runs.jsonl, bench/results.py) to a scratch
 # directory; $OUT (default ./gpu_out) gets two files only, runs.jsonl (every record) and
 # logs.tar.gz (the logs, the benchmark JSON, the plot), since a lent GPU machine returns only a
@@ -109,6 +109,13 @@ for stage in "$@"; do
       (
         if [ -f .vllm_bundle/setup_env.sh ]; then source .vllm_bundle/setup_env.sh || exit 3; fi
         python3 bench/vllm_full_graph.py --out "$WORK" ${FULL_GRAPH_ARGS:-} 2>&1 | tee "$WORK/vllm_full_graph.log"
+        exit "${PIPESTATUS[0]}"
+      ) || rc=1 ;;
+    engine)  # vLLM's own engine serving the dummy-weight models, per method (ENGINE_ARGS: e.g. --models qwen3_5 --budget-s 500)
+      rc=0
+      (
+        if [ -f .vllm_bundle/setup_env.sh ]; then source .vllm_bundle/setup_env.sh || exit 3; fi
+        python3 bench/vllm_engine.py --out "$WORK" ${ENGINE_ARGS:-} 2>&1 | tee "$WORK/vllm_engine.log"
         exit "${PIPESTATUS[0]}"
       ) || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;

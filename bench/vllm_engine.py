@@ -54,6 +54,7 @@ WORKLOADS = {
     "short": {"isl": (64, 512), "osl": 64, "concurrency": (1, 8, 32), "per": 4},
     "prefix": {"isl": (128, 512), "osl": 64, "concurrency": (8,), "per": 4, "prefix": 2048, "groups": 4},
 }
+START_RESERVE_S = 120  # no engine is started with less of --budget-s left: its start alone takes about that
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 ENGINE_ARGS = {
     "load_format": "dummy",
@@ -433,7 +434,7 @@ def run_one(model: str, method: str, args, log_dir: Path) -> dict:
         "--workloads",
         ",".join(args.workloads),
         "--concurrency",
-        json.dumps(args.concurrency),
+        format_concurrency(args.concurrency),
         "--deadline",
         str(args.deadline or 0),
     ]
@@ -596,13 +597,28 @@ def print_table(figures: dict) -> None:
         print(f"logprobs {model}: {json.dumps(check)}")
 
 
+def parse_concurrency(text: str) -> dict[str, tuple[int, ...]]:
+    """``seed:1/8,short:1/8/32`` -> ``{"seed": (1, 8), "short": (1, 8, 32)}``."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, values = item.partition(":")
+        if name not in WORKLOADS or not values:
+            raise ValueError(f"{item!r}: want WORKLOAD:C1/C2/..., WORKLOAD one of {', '.join(WORKLOADS)}")
+        out[name] = tuple(int(v) for v in values.split("/"))
+    return out
+
+
+def format_concurrency(concurrency: dict) -> str:
+    return ",".join(f"{name}:{'/'.join(map(str, values))}" for name, values in concurrency.items())
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out")
     parser.add_argument("--models", default="qwen3_5,nemotron_h")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--concurrency", default="{}", help='JSON: workload -> concurrencies, e.g. {"seed": [8]}')
+    parser.add_argument("--concurrency", default="", help="concurrencies per workload, e.g. seed:1/8,short:1/8/32")
     parser.add_argument("--engine", choices=("vllm", "fake"), default="vllm")
     parser.add_argument("--engine-timeout-s", type=float, default=540.0)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting engines past this (0: none)")
@@ -613,7 +629,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workloads = [w for w in args.workloads.split(",") if w]
-    args.concurrency = {k: tuple(v) for k, v in json.loads(args.concurrency).items()}
+    try:
+        args.concurrency = parse_concurrency(args.concurrency)
+    except ValueError as exc:
+        parser.error(f"--concurrency {args.concurrency!r}: {exc}")
     unknown = [w for w in args.workloads if w not in WORKLOADS] + [
         m for m in args.methods.split(",") if m not in METHODS
     ]
@@ -631,14 +650,14 @@ def main(argv: list[str]) -> int:
     for i, model in enumerate(args.models.split(",")):
         order = args.methods.split(",")
         for method in order if i % 2 == 0 else order[::-1]:  # alternate which method starts cold
-            if args.deadline and time.time() > args.deadline:
+            if args.deadline and time.time() > args.deadline - START_RESERVE_S:
                 rows.append(
                     {
                         "model": model,
                         "method": method,
                         "seconds": 0,
                         "events": [],
-                        "error": "not started: past the time budget",
+                        "error": "not started: too little of the time budget left",
                     }
                 )
                 continue

@@ -20,7 +20,8 @@ import results  # noqa: E402
 
 def check(tmp_path, *command):
     paths = ["--data", str(tmp_path / "runs.jsonl"), "--results-md", str(tmp_path / "R.md")]
-    return results.main([*paths, "--picture", str(tmp_path / "p.png"), *command])
+    pictures = ["--picture", str(tmp_path / "p.png"), "--engine-picture", str(tmp_path / "e.png")]
+    return results.main([*paths, *pictures, *command])
 
 
 @pytest.fixture
@@ -140,6 +141,54 @@ def test_the_picture_is_the_latest_step_tables_record_with_all_three_series():
     without_vllm = [r for r in records if r["kind"] == "step_tables" and not r["figures"]["engine_functions"]]
     with pytest.raises(ValueError, match="no step_tables record"):
         plot.series(without_vllm)
+
+
+def _engine_record(date, ttft_ms):
+    """A vllm_engine record of two models, two workloads, three concurrencies; chunkmeta_graphs
+    has no figures at 32 for nemotron_h (a method may be absent from a row)."""
+    methods = (("vllm", 1.0), ("chunkmeta", 0.9), ("chunkmeta_graphs", 0.8))
+    rows = [
+        {
+            "model": model,
+            "workload": workload,
+            "concurrency": c,
+            "methods": {
+                name: {"mean_ttft_ms": ttft_ms * c * f, "mean_tpot_ms": (6 + c / 8) * f, "total_tok_s": 90.0 * c}
+                for name, f in methods
+                if (model, name, c) != ("nemotron_h", "chunkmeta_graphs", 32)
+            },
+        }
+        for model in ("qwen3_5", "nemotron_h")
+        for workload in ("seed", "short")
+        for c in (1, 8, 32)
+    ]
+    command = "python bench/vllm_engine.py"
+    return results.make_record("vllm_engine", {"rows": rows}, command=command, date=date, commit="a", device={})
+
+
+def test_the_engine_picture_is_the_latest_vllm_engine_record_and_render_check_sees_it_stale(tmp_path):
+    records = [r for r in results.load() if r["kind"] != "vllm_engine"]
+    results.write_records(tmp_path / "runs.jsonl", records)
+    assert plot.draw_engine(records) is None  # no vllm_engine record: no picture, none checked
+    assert check(tmp_path, "render") == 0 and check(tmp_path, "render", "--check") == 0
+    assert not (tmp_path / "e.png").exists()
+
+    old, new = _engine_record("2030-01-01 00:00:00 UTC", 40.0), _engine_record("2030-01-02 00:00:00 UTC", 50.0)
+    results.write_records(tmp_path / "runs.jsonl", [*records, old, new])
+    assert check(tmp_path, "render", "--check") == 1  # the picture is now due
+    assert check(tmp_path, "render") == 0 and check(tmp_path, "render", "--check") == 0
+    drawn = (tmp_path / "e.png").read_bytes()
+    assert drawn[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn[16:24] == (960).to_bytes(4, "big") + (788).to_bytes(4, "big")  # 2 models' rows, 3 methods
+    assert plot.draw_engine(results.load(tmp_path / "runs.jsonl")) == (drawn, new)
+    assert plot.engine_workload(new) == "short"
+    (tmp_path / "e.png").write_bytes(plot.png(plot.engine_picture(old)))  # the older record's picture
+    assert check(tmp_path, "render", "--check") == 1
+    assert check(tmp_path, "render") == 0 and plot.same_png((tmp_path / "e.png").read_bytes(), drawn)
+
+    seed_only = {**new, "figures": {"rows": [r for r in new["figures"]["rows"] if r["workload"] == "seed"]}}
+    assert plot.engine_workload(seed_only) == "seed"  # no "short": the rows' first workload
+    assert plot.engine_picture(seed_only).shape == (788, 960)
 
 
 def test_the_font_refuses_a_character_it_lacks():

@@ -144,3 +144,11 @@ def test_reinit_weights_draws_matrices_and_sets_norms():
     first = model[0].weight.clone()
     vllm_engine.reinit_weights(model, seed=1)
     assert torch.equal(first, model[0].weight)
+
+
+def test_concurrency_argument_round_trips():
+    parsed = vllm_engine.parse_concurrency("seed:1/8,short:1/8/32")
+    assert parsed == {"seed": (1, 8), "short": (1, 8, 32)}
+    assert vllm_engine.parse_concurrency(vllm_engine.format_concurrency(parsed)) == parsed
+    with pytest.raises(ValueError, match="WORKLOAD one of"):
+        vllm_engine.parse_concurrency("nope:1")

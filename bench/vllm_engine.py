@@ -76,10 +76,15 @@ ENGINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # Triton's autotuner keeps its choice on disk: every method's process runs the kernel configs
+    # the first one chose (a choice by timing differs between processes, and with it the last
+    # bits of a reduction: H200, vllm_engine@2026-12-06T20:39:31Z's logprobs)
+    "TRITON_CACHE_AUTOTUNING": "1",
 }
 MODEL_ARGS = {  # per model: what its layers need on the image (the same for every method)
     "qwen3_5": {"additional_config": {"gdn_prefill_backend": "triton"}},
 }
+RUN_KEYS = ("total_tok_s", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms")  # kept for every repeat
 CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)  # lengths; 24 tokens out
 
 
@@ -382,7 +387,7 @@ def child(args) -> int:
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
-    if args.method == "chunkmeta_graphs":
+    if base_method(args.method) == "chunkmeta_graphs":
         mixed = sum(s.get("mixed_steps", 0) for b in after["builders"].values() for s in b.get("stats", []))
         if not mixed:
             emit("not_engaged", reason=_why_not_engaged(after))
@@ -396,7 +401,9 @@ def child(args) -> int:
                 continue
             batch = prompts(name, concurrency, vocab)
             serve(engine, batch[:1], spec["osl"], 1, make_params)  # warm-up: this shape's kernels, autotuning
-            result = metrics(serve(engine, batch, spec["osl"], concurrency, make_params))
+            # the figures are the last run's (steady state); every run's headline figures are kept
+            runs_ = [metrics(serve(engine, batch, spec["osl"], concurrency, make_params)) for _ in range(args.repeats)]
+            result = runs_[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in runs_]}
             emit("workload", workload=name, concurrency=concurrency, **result)
     emit("final", **llm.collective_rpc(wiring)[0])
     return 0
@@ -437,8 +444,10 @@ def run_one(model: str, method: str, args, log_dir: Path) -> dict:
         format_concurrency(args.concurrency),
         "--deadline",
         str(args.deadline or 0),
+        "--repeats",
+        str(args.repeats),
     ]
-    env = {**os.environ, **ENGINE_ENV, **METHOD_ENV[method]}
+    env = {**os.environ, **ENGINE_ENV, **METHOD_ENV[base_method(method)]}
     if args.engine == "fake":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "tests" / "support"), env.get("PYTHONPATH", "")])
     timeout = args.engine_timeout_s
@@ -464,9 +473,24 @@ def run_one(model: str, method: str, args, log_dir: Path) -> dict:
     return row
 
 
+def base_method(method: str) -> str:
+    """``vllm#2`` (a method's second run in one call, the noise it shows) -> ``vllm``."""
+    return method.partition("#")[0]
+
+
+def label_repeats(methods: list[str]) -> list[str]:
+    """``[vllm, chunkmeta, vllm]`` -> ``[vllm, chunkmeta, vllm#2]``."""
+    seen: dict[str, int] = {}
+    out = []
+    for method in methods:
+        seen[method] = seen.get(method, 0) + 1
+        out.append(method if seen[method] == 1 else f"{method}#{seen[method]}")
+    return out
+
+
 def not_applicable(model: str, method: str) -> str | None:
     """Why a method does not apply to a model (no process is started for it), or None."""
-    if method != "chunkmeta_graphs":
+    if base_method(method) != "chunkmeta_graphs":
         return None
     config = json.loads((MODELS_DIR / model / "config.json").read_text())
     from chunkmeta.integrations.vllm import full_graph
@@ -500,6 +524,7 @@ def summarize(rows: list[dict]) -> dict:
         "p99_itl_ms",
         "duration_s",
         "steps",
+        "runs",
     )
     table: dict[tuple, dict] = {}
     methods: dict[str, dict] = {}
@@ -619,6 +644,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--concurrency", default="", help="concurrencies per workload, e.g. seed:1/8,short:1/8/32")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each workload; the figures are the last's")
     parser.add_argument("--engine", choices=("vllm", "fake"), default="vllm")
     parser.add_argument("--engine-timeout-s", type=float, default=540.0)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting engines past this (0: none)")
@@ -634,7 +660,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(f"--concurrency {args.concurrency!r}: {exc}")
     unknown = [w for w in args.workloads if w not in WORKLOADS] + [
-        m for m in args.methods.split(",") if m not in METHODS
+        m for m in args.methods.split(",") if base_method(m) not in METHODS
     ]
     if unknown:
         parser.error(f"unknown workload or method: {unknown}")
@@ -648,7 +674,7 @@ def main(argv: list[str]) -> int:
     args.deadline = time.time() + args.budget_s if args.budget_s else 0.0
     rows = []
     for i, model in enumerate(args.models.split(",")):
-        order = args.methods.split(",")
+        order = label_repeats(args.methods.split(","))
         for method in order if i % 2 == 0 else order[::-1]:  # alternate which method starts cold
             if args.deadline and time.time() > args.deadline - START_RESERVE_S:
                 rows.append(

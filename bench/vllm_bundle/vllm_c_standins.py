@@ -28,8 +28,9 @@ SCHEMAS = {
     "cutlass_scaled_mm_supports_block_fp8": "cutlass_scaled_mm_supports_block_fp8(int cuda_device_capability) -> bool",
     "cutlass_scaled_mm_supports_fp4": "cutlass_scaled_mm_supports_fp4(int cuda_device_capability) -> bool",
     # schema-only: what vllm/compilation/ names (at import, or in passes that run on every graph:
-    # fix_functionalization compares each mutating node's target against these); the ones vLLM
-    # itself probes with hasattr (scaled_fp4_quant, silu_and_mul_nvfp4_quant) stay absent
+    # fix_functionalization compares each mutating node's target against these) and what the
+    # models' CustomOps take in __init__; the ones vLLM itself probes with hasattr
+    # (scaled_fp4_quant, silu_and_mul_nvfp4_quant) stay absent
     "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
     "Tensor! scale, Tensor? scale_ub) -> ()",
     "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
@@ -53,6 +54,8 @@ SCHEMAS = {
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
     "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
+    # ReLUSquaredActivation (Nemotron-H's relu2) takes it in __init__ on CUDA; runs forward_native
+    "relu_squared": "relu_squared(Tensor! out, Tensor input) -> ()",
     "silu_and_mul_per_block_quant": "silu_and_mul_per_block_quant(Tensor! out, Tensor input, Tensor! scales, "
     "int group_size, Tensor? scale_ub=None, bool is_scale_transposed=False) -> ()",
     "silu_and_mul_quant": "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()",

@@ -54,7 +54,7 @@ WORKLOADS = {
     "short": {"isl": (64, 512), "osl": 64, "concurrency": (1, 8, 32), "per": 4},
     "prefix": {"isl": (128, 512), "osl": 64, "concurrency": (8,), "per": 4, "prefix": 2048, "groups": 4},
 }
-START_RESERVE_S = 120  # no engine is started with less of --budget-s left: its start alone takes about that
+START_RESERVE_S = 120  # no engine is started with less of --budget-s left (a cold start takes about that)
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 ENGINE_ARGS = {
     "load_format": "dummy",
@@ -648,6 +648,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--engine", choices=("vllm", "fake"), default="vllm")
     parser.add_argument("--engine-timeout-s", type=float, default=540.0)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting engines past this (0: none)")
+    parser.add_argument("--start-reserve-s", type=float, default=START_RESERVE_S, help="budget an engine start needs")
     parser.add_argument("--smoke", action="store_true", help="CPU: the stand-in engine, small workloads")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -676,7 +677,7 @@ def main(argv: list[str]) -> int:
     for i, model in enumerate(args.models.split(",")):
         order = label_repeats(args.methods.split(","))
         for method in order if i % 2 == 0 else order[::-1]:  # alternate which method starts cold
-            if args.deadline and time.time() > args.deadline - START_RESERVE_S:
+            if args.deadline and time.time() > args.deadline - args.start_reserve_s:
                 rows.append(
                     {
                         "model": model,

@@ -92,15 +92,14 @@ CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)
 # ------------------------------------------------------------------ prompts and the serving loop
 
 
-def prompts(name: str, concurrency: int, vocab: int, *, count: int | None = None) -> list[list[int]]:
+def prompts(name: str, concurrency: int, vocab: int) -> list[list[int]]:
     """A workload's token-id prompts: the same for every method (seeded by its name and concurrency)."""
     import numpy as np
 
     spec = WORKLOADS[name]
     rng = np.random.default_rng([sum(map(ord, name)), concurrency])
-    count = count if count is not None else spec["per"] * concurrency
     low, high = spec["isl"]
-    lengths = rng.integers(low, high + 1, size=count)
+    lengths = rng.integers(low, high + 1, size=spec["per"] * concurrency)
     prefixes = [rng.integers(10, vocab - 10, size=spec["prefix"]).tolist() for _ in range(spec.get("groups", 0))]
     out = []
     for i, length in enumerate(lengths):
@@ -112,8 +111,8 @@ def prompts(name: str, concurrency: int, vocab: int, *, count: int | None = None
 def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_params, *, clock=time.perf_counter):
     """Closed loop at ``concurrency`` (``vllm bench serve --max-concurrency``, unbounded rate):
     a new request as soon as one finishes. Per request: its start, each token's time, the
-    tokens and their logprobs. ``engine``: ``add_request(id, prompt, params)``, ``step()``,
-    ``has_unfinished_requests()`` (vLLM's ``LLMEngine``)."""
+    tokens and their logprobs. ``engine``: ``add_request(id, prompt, params)`` and ``step()``
+    (vLLM's ``LLMEngine``)."""
     pending = list(enumerate(prompt_ids))[::-1]
     live: dict[str, dict] = {}
     done: list[dict] = []
@@ -148,27 +147,19 @@ def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_
             if out.finished:
                 done.append(live.pop(out.request_id))
         admit()
-        if not live and not engine.has_unfinished_requests():
-            break
     return {"requests": sorted(done, key=lambda r: r["index"]), "seconds": clock() - start, "steps": steps}
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _summary(name: str, values: list[float]) -> dict:
+    """Mean, median and p99 as ``vllm bench serve`` gives them (numpy's interpolated percentile)."""
+    import numpy as np
+
     if not values:
         return {}
     return {
         f"mean_{name}_ms": round(statistics.fmean(values), 3),
         f"median_{name}_ms": round(statistics.median(values), 3),
-        f"p99_{name}_ms": round(_pct(values, 99), 3),
+        f"p99_{name}_ms": round(float(np.percentile(values, 99)), 3),
     }
 
 
@@ -266,8 +257,9 @@ def wiring(worker) -> dict:
 
 
 class SyncCounter:
-    """Engine steps under ``set_sync_debug_mode("warn")``: syncs per step, and those inside the
-    metadata builders' ``build()`` (each builder's bound ``build`` wrapped while counting)."""
+    """The engine with its steps under ``set_sync_debug_mode("warn")``: syncs per step, and those
+    inside the metadata builders' ``build()`` (each builder's bound ``build`` wrapped while
+    counting). Anything but ``step`` is the engine's."""
 
     WARNING = "called a synchronizing CUDA operation"
 
@@ -315,6 +307,9 @@ class SyncCounter:
                         site = f"{Path(w.filename).as_posix().split('site-packages/')[-1].split('/py/')[-1]}:{w.lineno}"
                         self.sites[site] = self.sites.get(site, 0) + 1
 
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
     def undo(self):
         for builder in self._wrapped:
             del builder.build
@@ -328,16 +323,6 @@ class SyncCounter:
             "builder_syncs_per_step": round(self.in_build / steps, 3),
             "sync_sites": dict(sorted(self.sites.items(), key=lambda kv: -kv[1])[:8]),
         }
-
-
-class _Counting:
-    """The engine with ``step`` counted by a ``SyncCounter`` (``serve`` calls ``step``)."""
-
-    def __init__(self, engine, counter):
-        self._engine, self.step = engine, counter.step
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
 
 
 def _sampling(osl: int):
@@ -376,8 +361,7 @@ def child(args) -> int:
         list(range(11, 11 + n)) if i % 2 else [(7 * j + i) % (vocab - 20) + 10 for j in range(n)]
         for i, n in enumerate(CORRECTNESS_PROMPTS)
     ]
-    target = _Counting(engine, counter) if counter is not None else engine
-    run = serve(target, ids, 24, len(ids), make_params)
+    run = serve(counter if counter is not None else engine, ids, 24, len(ids), make_params)
     if counter is not None:
         counter.undo()
     emit(
@@ -465,13 +449,14 @@ def run_one(model: str, method: str, args, log_dir: Path) -> dict:
             os.killpg(proc.pid, 9)
             proc.wait()
             rc = None
-    events = [json.loads(line[len(EVENT) :]) for line in log.read_text().splitlines() if line.startswith(EVENT)]
+    lines = log.read_text().splitlines()
+    events = [json.loads(line[len(EVENT) :]) for line in lines if line.startswith(EVENT)]
     row = {"model": model, "method": method, "seconds": round(time.time() - started, 1), "events": events}
     stage = events[-1]["event"] if events else "process start"
     if rc is None:
         row["error"] = f"ran past {timeout:.0f} s after stage {stage!r}"
     elif rc != 0:
-        tail = [line for line in log.read_text().splitlines() if line.strip()][-3:]
+        tail = [line for line in lines if line.strip()][-3:]
         row["error"] = f"exit {rc} after stage {stage!r}: " + " | ".join(tail)[-600:]
     return row
 

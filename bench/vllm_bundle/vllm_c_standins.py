@@ -130,15 +130,14 @@ def _missing(name: str):
     return call
 
 
-def register(schemas: dict[str, str] | None = None) -> tuple[str, ...]:
+def register() -> tuple[str, ...]:
     """Define the stand-ins (once per process; an operator that exists already is left alone).
     Returns the names defined by this call."""
     global _LIBRARY
-    schemas = SCHEMAS | (schemas or {})
     if _LIBRARY is None:
         _LIBRARY = torch.library.Library("_C", "FRAGMENT")
     defined = []
-    for name, schema in schemas.items():
+    for name, schema in SCHEMAS.items():
         if hasattr(torch.ops._C, name):
             continue
         _LIBRARY.define(schema)

@@ -18,9 +18,6 @@ class _Engine:
     def add_request(self, request_id, prompt, params):
         self.live[request_id] = {"isl": len(prompt["prompt_token_ids"]), "max": params.max_tokens, "tokens": []}
 
-    def has_unfinished_requests(self):
-        return bool(self.live)
-
     def step(self):
         outputs = []
         for rid, req in list(self.live.items()):

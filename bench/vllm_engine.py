@@ -85,7 +85,8 @@ ENGINE_ENV = {
 MODEL_ARGS = {  # per model: what its layers need on the image (the same for every method)
     "qwen3_5": {"additional_config": {"gdn_prefill_backend": "triton"}},
 }
-RUN_KEYS = ("total_tok_s", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms")  # kept for every repeat
+# kept for every repeat
+RUN_KEYS = ("total_tok_s", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "max_step_ms", "compiles", "autotunes")
 CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)  # lengths; 24 tokens out
 
 
@@ -126,11 +127,14 @@ def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_
             live[rid] = {"index": index, "isl": len(ids), "start": clock(), "times": [], "tokens": [], "logprobs": []}
             engine.add_request(rid, {"prompt_token_ids": ids}, make_params(osl))
 
+    step_ms = []
     admit()
     while live:
+        before = clock()
         outputs = engine.step()
         steps += 1
         now = clock()
+        step_ms.append((now - before) * 1e3)
         for out in outputs:
             req = live.get(out.request_id)
             if req is None:
@@ -147,7 +151,12 @@ def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_
             if out.finished:
                 done.append(live.pop(out.request_id))
         admit()
-    return {"requests": sorted(done, key=lambda r: r["index"]), "seconds": clock() - start, "steps": steps}
+    return {
+        "requests": sorted(done, key=lambda r: r["index"]),
+        "seconds": clock() - start,
+        "steps": steps,
+        "step_ms": step_ms,
+    }
 
 
 def _summary(name: str, values: list[float]) -> dict:
@@ -183,6 +192,8 @@ def metrics(run: dict) -> dict:
         **_summary("ttft", ttft),
         **_summary("tpot", tpot),
         **_summary("itl", itl),
+        **_summary("step", run.get("step_ms", [])),
+        "max_step_ms": round(max(run.get("step_ms") or [0.0]), 3),
     }
 
 
@@ -325,6 +336,65 @@ class SyncCounter:
         }
 
 
+class KernelWatch:
+    """Triton's work inside a measured run: kernels compiled (a specialization not yet in this
+    process's cache: loaded from the disk cache or built) and autotuner benchmarks, each with its
+    host seconds, by kernel name. A run that compiles or autotunes pays for it in TTFT; the
+    figures say whether a method's run did (Triton's own hooks, ``triton.knobs.runtime``)."""
+
+    def __init__(self):
+        self._compiling: dict[str, float] = {}
+        self.compiles: dict[str, int] = {}
+        self.autotunes: dict[str, int] = {}
+        self.seconds = {"compile": 0.0, "autotune": 0.0}
+        try:
+            import triton
+            from triton.runtime.autotuner import Autotuner
+        except ImportError:  # the fake engine's machine may lack Triton
+            return
+        knobs = triton.knobs.runtime
+        self._before, self._after = knobs.jit_cache_hook, knobs.jit_post_compile_hook
+        knobs.jit_cache_hook, knobs.jit_post_compile_hook = self._on_compile, self._on_compiled
+        bench = Autotuner._bench
+        watch = self
+
+        def _bench(tuner, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return bench(tuner, *args, **kwargs)
+            finally:
+                name = tuner.base_fn.__name__
+                watch.autotunes[name] = watch.autotunes.get(name, 0) + 1
+                watch.seconds["autotune"] += time.perf_counter() - t0
+
+        Autotuner._bench = _bench
+
+    def _on_compile(self, *, key, fn, **kwargs):
+        self._compiling[str(key)] = time.perf_counter()
+        # a true answer would skip the compile: pass on whatever hook was there
+        return self._before(key=key, fn=fn, **kwargs) if self._before else None
+
+    def _on_compiled(self, *, key, fn, **kwargs):
+        t0 = self._compiling.pop(str(key), None)
+        if t0 is not None:
+            self.seconds["compile"] += time.perf_counter() - t0
+        self.compiles[fn.name] = self.compiles.get(fn.name, 0) + 1
+        return self._after(key=key, fn=fn, **kwargs) if self._after else None
+
+    def take(self) -> dict:
+        """What happened since the last ``take``, and start again."""
+        out = {
+            "compiles": sum(self.compiles.values()),
+            "autotunes": sum(self.autotunes.values()),
+            "compile_s": round(self.seconds["compile"], 3),
+            "autotune_s": round(self.seconds["autotune"], 3),
+            "kernels": dict(sorted((self.compiles | self.autotunes).items(), key=lambda kv: -kv[1])[:8]),
+        }
+        self.compiles, self.autotunes = {}, {}
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        return out
+
+
 def _sampling(osl: int):
     from vllm import SamplingParams
 
@@ -378,6 +448,7 @@ def child(args) -> int:
             emit("not_engaged", reason=_why_not_engaged(after))
             return 0
 
+    watch = KernelWatch()
     for name in args.workloads:
         spec = WORKLOADS[name]
         for concurrency in args.concurrency.get(name, spec["concurrency"]):
@@ -385,10 +456,15 @@ def child(args) -> int:
                 emit("skipped", workload=name, concurrency=concurrency, reason="past the time budget")
                 continue
             batch = prompts(name, concurrency, vocab)
-            serve(engine, batch[:1], spec["osl"], 1, make_params)  # warm-up: this shape's kernels, autotuning
+            watch.take()
+            # warm-up: one wave at this concurrency (its step shapes' kernels and autotuning)
+            serve(engine, batch[:concurrency], spec["osl"], concurrency, make_params)
+            warmup = watch.take()
+            each = []
+            for _ in range(args.repeats):
+                each.append(metrics(serve(engine, batch, spec["osl"], concurrency, make_params)) | watch.take())
             # the figures are the last run's (steady state); every run's headline figures are kept
-            each = [metrics(serve(engine, batch, spec["osl"], concurrency, make_params)) for _ in range(args.repeats)]
-            result = each[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in each]}
+            result = each[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in each], "warmup_triton": warmup}
             emit("workload", workload=name, concurrency=concurrency, **result)
     emit("final", **llm.collective_rpc(wiring)[0])
     return 0
@@ -512,6 +588,15 @@ def summarize(rows: list[dict]) -> dict:
         "p99_itl_ms",
         "duration_s",
         "steps",
+        "mean_step_ms",
+        "p99_step_ms",
+        "max_step_ms",
+        "compiles",
+        "autotunes",
+        "compile_s",
+        "autotune_s",
+        "kernels",
+        "warmup_triton",
         "runs",
     )
     table: dict[tuple, dict] = {}

@@ -209,6 +209,14 @@ class ChunkmetaBuilderMixin:
     def _chunkmeta_step(self, *args, **kwargs):
         """A step with a row over one token: vLLM's build() with the overridden points recording
         what it asks for, then one chunkmeta build serving it all."""
+        metadata, request = self._chunkmeta_recorded_build(*args, **kwargs)
+        if request.asked:
+            self._chunkmeta_serve_or_fall_back(metadata, request)
+        return metadata
+
+    def _chunkmeta_recorded_build(self, *args, **kwargs) -> tuple[object, StepRequest]:
+        """vLLM's build() with the overridden points recording what it asks for (their tables
+        None on the metadata it returns), and the record."""
         request = StepRequest(self)
         outer = _LOCAL.request
         _LOCAL.request = request
@@ -218,15 +226,16 @@ class ChunkmetaBuilderMixin:
             _LOCAL.request = outer
         if self._chunkmeta_routes is not None:
             self._chunkmeta_routes.clear()
-        if request.asked:
-            try:
-                self._chunkmeta_serve(metadata, request)
-            except Exception as exc:  # noqa: BLE001  input it refuses, or a fill that fails to compile / launch
-                # vLLM's functions are pure in the arguments recorded: called now they give what
-                # vLLM would have, and they set every field a failed serve may have set.
-                self._chunkmeta_fall_back(exc)
-                self._vllm_tables(metadata, request)
-        return metadata
+        return metadata, request
+
+    def _chunkmeta_serve_or_fall_back(self, metadata, request: StepRequest) -> None:
+        try:
+            self._chunkmeta_serve(metadata, request)
+        except Exception as exc:  # noqa: BLE001  input it refuses, or a fill that fails to compile / launch
+            # vLLM's functions are pure in the arguments recorded: called now they give what
+            # vLLM would have, and they set every field a failed serve may have set.
+            self._chunkmeta_fall_back(exc)
+            self._vllm_tables(metadata, request)
 
     def _chunkmeta_serve(self, metadata, request: StepRequest) -> None:
         raise NotImplementedError

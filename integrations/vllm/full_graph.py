@@ -30,13 +30,13 @@ not: docs/vllm.md).
 from __future__ import annotations
 
 import functools
-from itertools import product
 
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
 from chunkmeta.integrations.vllm.mixed_step import (
     GdnOps,
+    GroupInputs,
     KdaOps,
     MixedStepInputs,
     gdn_mixed_forward,
@@ -48,8 +48,6 @@ KIMI_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 KIMI_LAYER = "KimiGatedDeltaNetAttention"
 QWEN_LAYER_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 QWEN_LAYER = "QwenGatedDeltaNetAttention"
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-RUNNER = "GPUModelRunner"
 # The models whose linear-attention layers this module patches (vLLM's architecture names). A
 # GDN-family builder of any other model (Kimi-K3, GLM5-next, OLMo-Hybrid, Bailing-V3) keeps
 # vLLM's support level: its unpatched layers branch on host counts, which a capture would freeze.
@@ -107,7 +105,10 @@ class FullGraphBuilderMixin:
         self.chunkmeta_buckets: dict[tuple[int, int], MixedStepInputs] = {}
         self.chunkmeta_mixed_steps = 0  # steps staged into a bucket (captures and warm-ups included)
         self.chunkmeta_mixed_fallbacks: dict[str, int] = {}
-        self._chunkmeta_pending = None  # (bucket, common metadata) of the step build() is making
+        # graph_dispatch.MixedDispatch: the mixed graph vLLM's dispatch chose for the step in
+        # flight (set by the runner hook; None where no hook runs)
+        self._chunkmeta_dispatch = None
+        self._chunkmeta_views: dict[MixedStepInputs, GroupInputs] = {}  # another group's bucket -> ours
         self._chunkmeta_unsafe = graph_unsafe(vllm_config)
         if self._chunkmeta_unsafe is not None and self.chunkmeta is not None:
             logger.warning(
@@ -118,27 +119,32 @@ class FullGraphBuilderMixin:
         return self.chunkmeta is not None and self._chunkmeta_unsafe is None
 
     def _vllm_decode_routine(self, m) -> bool:
-        """Whether a batch is one vLLM's FULL decode routine serves with its own decode kernels:
-        under ``FULL_AND_PIECEWISE`` / ``FULL_DECODE_ONLY`` (a separate decode routine), a batch
-        of one-token requests (vLLM's uniform decode: its dummy runs give the mixed captures
-        ``max_query_len = num_tokens``, the decode ones 1, gpu_model_runner.py:5519). Under
-        ``cudagraph_mode=FULL`` (one routine) every batch replays a mixed graph. Read per batch:
-        vLLM settles the mode after it has made the builders, from their support levels."""
+        """Whether a capture (or, without a runner hook, a batch) is one of vLLM's FULL decode
+        routine, served with its own decode kernels: under ``FULL_AND_PIECEWISE`` /
+        ``FULL_DECODE_ONLY`` (a separate decode routine), a batch of one-token requests (vLLM's
+        dummy runs give the mixed captures ``max_query_len = num_tokens``, the decode ones 1:
+        gpu_model_runner.py:5519, MRV2 cudagraph_utils.py:839-842). Under ``cudagraph_mode=FULL``
+        (one routine) every batch replays a mixed graph. Read per batch: vLLM settles the mode
+        after it has made the builders, from their support levels."""
         mode = getattr(self.vllm_config.compilation_config, "cudagraph_mode", None)
         return mode is not None and mode.separate_routine() and m.max_query_len <= 1
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
         # FULL captures: vLLM's decode routine's (its decode kernels), or mixed batches' (one
-        # routine under FULL; beside the decode routine where mixed_full_keys added their keys)
+        # routine under FULL; beside the decode routine where graph_dispatch added them)
         m = common_attn_metadata
         if not self._mixed_active() or self._vllm_decode_routine(m):
             return super().build_for_cudagraph_capture(m)
+        shape = (m.num_actual_tokens, m.num_reqs)
         try:
-            self.chunkmeta_bucket(m.num_actual_tokens, m.num_reqs)
-        except Exception as exc:  # noqa: BLE001  a bucket it cannot make: vLLM's capture path
+            return self._staged_build(self.chunkmeta_bucket(*shape), (0, m, None, None, False), strict=True)
+        except Exception as exc:  # noqa: BLE001  a bucket it cannot make or stage: vLLM's capture
+            # and no step is ever dispatched to that graph (it would freeze vLLM's host branches)
+            self.chunkmeta_buckets.pop(shape, None)
+            if self._chunkmeta_dispatch is not None:
+                self._chunkmeta_dispatch.refuse(shape)
             self._mixed_fall_back(exc)
             return super().build_for_cudagraph_capture(m)
-        return self.build(0, m)
 
     def chunkmeta_bucket(self, num_tokens: int, num_reqs: int) -> MixedStepInputs:
         """The bucket of a captured mixed batch shape, made on first use (raises where it cannot be)."""
@@ -156,44 +162,73 @@ class FullGraphBuilderMixin:
         fast_build=False,
     ):
         args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
-        m = common_attn_metadata
-        bucket = self.chunkmeta_buckets.get((m.num_actual_tokens, m.num_reqs)) if self.chunkmeta_buckets else None
-        if bucket is None or self._vllm_decode_routine(m):  # nothing captured, not a captured shape, a decode graph's
+        # the one decision: a step vLLM replays in a mixed graph is staged into its bucket, any
+        # other takes chunkmeta's eager tables (or vLLM's path)
+        bucket = self._dispatched_bucket(common_attn_metadata)
+        if bucket is None:
             return super().build(*args)
-        self._chunkmeta_pending = (bucket, m)
-        try:
-            metadata = super().build(*args)
-        finally:
-            pending, self._chunkmeta_pending = self._chunkmeta_pending, None
-        if pending is not None and getattr(metadata, "spec_sequence_masks", None) is None:
-            self._stage(bucket, m, metadata)  # a step no chunkmeta build served: decode-only
-        return metadata
+        return self._staged_build(bucket, args, strict=self._chunkmeta_dispatch is not None)
 
-    def _chunkmeta_serve(self, metadata, request) -> None:
-        # A step of a bucket's shape: the patched layers read the bucket, not the eager tables
-        # (a graph-safe model's GDN layers are all patched: graph_unsafe), so the bucket's fill
-        # is the step's one launch; vLLM's own host tables were skipped by the recording points.
-        pending, self._chunkmeta_pending = self._chunkmeta_pending, None
-        if pending is None or getattr(metadata, "spec_sequence_masks", None) is not None:
-            return super()._chunkmeta_serve(metadata, request)
-        if not self._stage(*pending, metadata):
-            super()._chunkmeta_serve(metadata, request)  # vLLM's path reads the eager tables
-        return None
+    def _dispatched_bucket(self, m) -> MixedStepInputs | None:
+        """The bucket of a step vLLM replays in a mixed graph, or None. With a runner hook
+        (``graph_dispatch``): the step its dispatch sent to one (checked there: stageable), the
+        shape of ``m`` that graph's. Without (a runner chunkmeta does not hook): every step of a
+        bucket's shape outside vLLM's decode routine."""
+        shape = (m.num_actual_tokens, m.num_reqs)
+        record = self._chunkmeta_dispatch
+        if record is None:
+            return None if self._vllm_decode_routine(m) else self.chunkmeta_buckets.get(shape)
+        if record.current != shape:  # another graph, none, or an eager batch the dispatch never saw
+            return None
+        bucket = self.chunkmeta_buckets.get(shape)
+        if bucket is None:
+            raise ChunkMetaError(
+                f"vLLM dispatched a step to the mixed graph {shape} (tokens, requests), for which "
+                f"{type(self).__name__} has no inputs: the graph would replay another step's."
+            )
+        return bucket
 
-    def _stage(self, bucket: MixedStepInputs, m, metadata) -> bool:
+    def _staged_build(self, bucket: MixedStepInputs, args: tuple, *, strict: bool):
+        """vLLM's build() with no eager tables made (the patched layers read the bucket), then
+        the step staged: one fill launch. ``strict`` (a graph will replay it): a stage that fails
+        raises, as no other input can be given to that graph; otherwise the step gets the eager
+        tables instead, with one warning."""
+        m = args[1]
+        metadata, request = self._chunkmeta_recorded_build(*args)
         try:
+            if getattr(metadata, "spec_sequence_masks", None) is not None:
+                raise ChunkMetaError("a step with speculative-decode rows has no graph-safe path.")
             bucket.stage(
                 m.query_start_loc,
                 m.query_start_loc_cpu,
                 metadata.non_spec_state_indices_tensor[: m.num_reqs],
                 m.compute_num_computed_tokens(),
             )
-        except Exception as exc:  # noqa: BLE001  vLLM's eager path for this step
+        except Exception as exc:
+            if strict:
+                raise
             self._mixed_fall_back(exc)
-            return False
+            if request.asked:
+                self._chunkmeta_serve_or_fall_back(metadata, request)
+            return metadata
         self.chunkmeta_mixed_steps += 1
         metadata.chunkmeta_mixed = bucket
-        return True
+        return metadata
+
+    def update_block_table(self, metadata, blk_table, slot_mapping):
+        """vLLM's (Model Runner V2 reuses one KV-cache group's metadata for the others through
+        it, capture included; its ``dataclasses.replace`` drops ``chunkmeta_mixed``), then, for a
+        staged step, this group's view of the bucket: the batch's tables, this group's state
+        indices copied to fixed addresses."""
+        out = super().update_block_table(metadata, blk_table, slot_mapping)
+        bucket = getattr(metadata, "chunkmeta_mixed", None)
+        if bucket is not None:
+            view = self._chunkmeta_views.get(bucket)
+            if view is None:
+                view = self._chunkmeta_views[bucket] = GroupInputs(bucket)
+            view.stage_state_indices(out.non_spec_state_indices_tensor)
+            out.chunkmeta_mixed = view
+        return out
 
     def _mixed_fall_back(self, exc: Exception) -> None:
         cause = f"{type(exc).__name__}: {exc}"
@@ -211,6 +246,8 @@ class FullGraphBuilderMixin:
         stats["mixed_buckets"] = sorted(self.chunkmeta_buckets)
         stats["mixed_steps"] = self.chunkmeta_mixed_steps
         stats["mixed_fallbacks"] = dict(self.chunkmeta_mixed_fallbacks)
+        record = self._chunkmeta_dispatch
+        stats["mixed_turned_away"] = dict(record.turned_away) if record is not None else {}
         return stats
 
 
@@ -334,75 +371,6 @@ def qwen_forward_core(original):
     return _forward_core
 
 
-def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> int:
-    """Under ``FULL_AND_PIECEWISE`` (vLLM's FULL decode graphs, piecewise mixed ones), FULL keys
-    for mixed batches too, the ones ``cudagraph_mode=FULL`` would have (vLLM's
-    ``_create_padded_batch_descriptor``: ``(size, min(size, max_num_seqs))``, not uniform). Mixed
-    batches then replay one FULL graph each (a bucket's, ``mixed_step``) and decode-only batches
-    keep vLLM's FULL decode graphs and kernels: under ``FULL`` they replay the mixed graph's
-    chunked path, 2.5-4.0x slower (``vllm_full_graph@2026-12-05T23:02:36Z``). The dispatcher
-    checks FULL keys before PIECEWISE ones (cudagraph_dispatcher.py:315-320), so the piecewise
-    graphs of those sizes stay captured but unused.
-
-    ``attn_groups``: the runner's attention groups, their builders made. Keys are added only
-    where every group's builder supports ``ALWAYS``, every chunkmeta builder among them serves
-    mixed steps and has made the bucket of every key (so no mixed capture reaches vLLM's
-    decode-only capture path: its assert, or a decode graph under a mixed key), with one data
-    parallel rank (ranks agree on one mode, then pad to the largest batch: a decode rank would
-    find no FULL key of a mixed size) and no micro-batching (vLLM's ubatched graphs are keyed by
-    token count alone). All or nothing. Returns the keys added."""
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.v1.attention.backend import AttentionCGSupport
-
-    if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
-        return 0
-    parallel = vllm_config.parallel_config
-    if parallel.data_parallel_size > 1 or parallel.use_ubatching:
-        logger.info("chunkmeta: mixed batches stay piecewise: data parallelism or micro-batching")
-        return 0
-    every = all(
-        group.backend.get_builder_cls().get_cudagraph_support(vllm_config, group.kv_cache_spec)
-        == AttentionCGSupport.ALWAYS
-        for group in attn_groups
-    )
-    builders = [b for group in attn_groups for b in group.metadata_builders if isinstance(b, FullGraphBuilderMixin)]
-    if not (every and builders and all(b._mixed_active() for b in builders)):
-        return 0
-    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or ()
-    keys = {  # every key and bucket made before any key is added: a failure leaves vLLM's keys as they were
-        dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
-        for size, loras in product(sizes, dispatcher._get_lora_cases())
-    } - dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
-    for builder, key in product(builders, keys):
-        builder.chunkmeta_bucket(key.num_tokens, key.num_reqs)
-    for key in keys:
-        dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
-    logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", len(keys))
-    return len(keys)
-
-
-def mixed_full_keys(original):
-    """``GPUModelRunner.initialize_metadata_builders`` (vLLM makes the builders, after it has
-    settled the mode and the dispatcher's keys), then ``add_mixed_full_keys``; a failure keeps
-    vLLM's keys, with one warning."""
-
-    @functools.wraps(original)
-    def initialize_metadata_builders(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        try:
-            add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, [g for gs in self.attn_groups for g in gs])
-        except Exception as exc:  # noqa: BLE001  vLLM's keys as it made them: mixed batches piecewise
-            logger.warning(
-                "chunkmeta: no FULL graphs for mixed batches (%s: %s); %s=0 turns this off",
-                type(exc).__name__,
-                exc,
-                FULL_GRAPH_ENV,
-            )
-
-    initialize_metadata_builders.__qualname__ = f"chunkmeta.{RUNNER}.initialize_metadata_builders"
-    return initialize_metadata_builders
-
-
 def _method_wiring(patches, class_name: str, method: str, make, does: str):
     def wire(module):
         cls = getattr(module, class_name, None)
@@ -417,13 +385,17 @@ def _method_wiring(patches, class_name: str, method: str, make, does: str):
 
 def layer_wiring(patches) -> dict:
     """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward``, Qwen's
-    ``_forward_core`` and the model runner's ``initialize_metadata_builders`` patched over
+    ``_forward_core`` and both model runners' start-up (``graph_dispatch``) patched over
     vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    from chunkmeta.integrations.vllm import graph_dispatch as gd
+
     layers = "takes the graph-safe mixed path on captured buckets"
+    graphs = "adds FULL graphs for mixed batches and decides which steps replay them"
     return {
         KIMI_LAYER_MODULE: _method_wiring(patches, KIMI_LAYER, "_forward", kimi_forward, layers),
         QWEN_LAYER_MODULE: _method_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core, layers),
-        RUNNER_MODULE: _method_wiring(
-            patches, RUNNER, "initialize_metadata_builders", mixed_full_keys, "adds FULL keys for mixed batches"
+        gd.V1_RUNNER_MODULE: _method_wiring(
+            patches, gd.RUNNER, "initialize_metadata_builders", gd.v1_mixed_graphs, graphs
         ),
+        gd.MRV2_RUNNER_MODULE: _method_wiring(patches, gd.RUNNER, "initialize_kv_cache", gd.mrv2_mixed_graphs, graphs),
     }

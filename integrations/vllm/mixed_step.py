@@ -168,6 +168,32 @@ class MixedStepInputs:
             yield
 
 
+class GroupInputs:
+    """Another KV-cache group's view of a bucket (Model Runner V2 builds one group's metadata and
+    gives the others its batch-level fields): the bucket's tables and ``has_initial_state``,
+    this group's own ``state_indices`` at a fixed address (``stage_state_indices`` before every
+    replay, after the bucket's ``stage``)."""
+
+    def __init__(self, bucket: MixedStepInputs):
+        self.bucket = bucket
+        self.state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
+
+    def __getattr__(self, name):
+        return getattr(self.bucket, name)
+
+    def stage_state_indices(self, state_indices: torch.Tensor) -> None:
+        """This group's indices of the staged step's rows (vLLM pads them with the null block)."""
+        rows = state_indices.shape[0] if state_indices.dim() == 1 else -1
+        if not 0 < rows <= self.bucket.num_reqs or state_indices.device != self.state_indices.device:
+            raise ChunkMetaError(
+                f"state_indices: a 1-D tensor of at most {self.bucket.num_reqs} entries on "
+                f"{self.state_indices.device}, not {tuple(state_indices.shape)} on {state_indices.device}."
+            )
+        self.state_indices[:rows].copy_(state_indices, non_blocking=True)
+        if rows < self.bucket.num_reqs:
+            self.state_indices[rows:].fill_(NULL_BLOCK_ID)
+
+
 class KdaOps(NamedTuple):
     """vLLM's functions Kimi-Linear's non-spec path calls (the platform's versions)."""
 

@@ -29,7 +29,7 @@ import vllm_real_batches
 from chunkmeta import reference
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import vllm as adapter
-from chunkmeta.integrations.vllm import full_graph, mixed_step
+from chunkmeta.integrations.vllm import full_graph, graph_dispatch, mixed_step
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
 from vllm.config.compilation import CUDAGraphMode
@@ -129,7 +129,8 @@ def test_off_by_default(configs, monkeypatch):
     for name, layer, method in (
         (full_graph.KIMI_LAYER_MODULE, full_graph.KIMI_LAYER, "_forward"),
         (full_graph.QWEN_LAYER_MODULE, full_graph.QWEN_LAYER, "_forward_core"),
-        (full_graph.RUNNER_MODULE, full_graph.RUNNER, "initialize_metadata_builders"),
+        (graph_dispatch.V1_RUNNER_MODULE, graph_dispatch.RUNNER, "initialize_metadata_builders"),
+        (graph_dispatch.MRV2_RUNNER_MODULE, graph_dispatch.RUNNER, "initialize_kv_cache"),
     ):
         patched = getattr(importlib.import_module(name), layer).__dict__[method]
         assert "chunkmeta" not in getattr(patched, "__wrapped__", patched).__qualname__
@@ -476,7 +477,8 @@ def test_the_runner_adds_full_keys_for_mixed_batches_beside_vllms_decode_graphs(
     runner = _start_runner(piecewise_config, [full_cls])
     d = runner.cudagraph_dispatcher
     assert d.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # vLLM settled it; chunkmeta added keys
-    mixed = {(s, min(s, MAX_NUM_SEQS), False) for s in (1, 2, 4, 8, 16, 32, 64, 128)}
+    # N = 1: a mixed batch of one token is a decode, vLLM's decode graph serves it
+    mixed = {(s, min(s, MAX_NUM_SEQS), False) for s in (2, 4, 8, 16, 32, 64, 128)}
     assert mixed <= _keys(runner)
     assert {(s, s, True) for s in (1, 2, 4, 8, 16)} <= _keys(runner)  # vLLM's decode keys, kept
     # every mixed key's bucket made before its key: no mixed capture reaches vLLM's decode capture
@@ -507,7 +509,7 @@ def test_no_mixed_keys_where_a_mixed_batch_could_miss_its_graph(configs, piecewi
     # speculative decoding: no graph-safe forward
     runner = _start_runner(piecewise_config, [stock])
     groups = [g for gs in runner.attn_groups for g in gs]
-    assert full_graph.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == 0
+    assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == 0
 
 
 def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
@@ -525,3 +527,158 @@ def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise
     assert _keys(runner) == decode_only  # all or nothing: vLLM's keys, mixed batches piecewise
     warnings = [r for r in caplog.records if "no FULL graphs for mixed batches" in r.getMessage()]
     assert len(warnings) == 1 and "no bucket for the test" in warnings[0].getMessage()
+
+
+# -- Model Runner V2 (vLLM 0.33.0's default): request buckets, the dispatch decision -------------
+
+
+@pytest.fixture
+def mrv2_manager(piecewise_config, monkeypatch):
+    """MRV2's real ``CudaGraphManager`` for ``piecewise_config`` (its real candidate lists), on
+    what it reads of a distributed setup and a CUDA graph pool, which this CPU machine lacks."""
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    monkeypatch.setattr(
+        cudagraph_utils, "get_pp_group", lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    )
+    monkeypatch.setattr(type(current_platform), "get_global_graph_pool", lambda self: None)
+    manager = cudagraph_utils.CudaGraphManager(
+        piecewise_config, DEVICE, CUDAGraphMode.FULL_AND_PIECEWISE, decode_query_len=1
+    )
+    manager._graphs_captured = True  # dispatch answers only after capture
+    return manager
+
+
+def _mrv2_dispatch(manager, num_reqs, num_tokens, *, decode=False, prefill=True):
+    """MRV2's dispatch of a batch as ``execute_model`` asks (model_runner.py:1799-1848)."""
+    desc = manager.dispatch(
+        num_reqs, num_tokens, 1 if decode else None, 0, max_query_len=None if prefill else num_tokens // num_reqs
+    )
+    return desc.cg_mode, desc.num_tokens, desc.num_reqs
+
+
+def _mrv2_wired(config, manager, builders):
+    added = graph_dispatch.add_mixed_full_descs(manager, config, builders)
+    record = graph_dispatch.MixedDispatch(builders)
+    graph_dispatch.mrv2_dispatch(manager, record)
+    return added, record
+
+
+def test_mrv2_mixed_batches_replay_the_graph_of_their_request_bucket(piecewise_config, full_cls, mrv2_manager):
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    added, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    shapes = {(n, r) for n in (2, 4, 8, 16, 32, 64, 128) for r in graph_dispatch.request_buckets(n, MAX_NUM_SEQS)}
+    assert graph_dispatch.request_buckets(128, MAX_NUM_SEQS) == [8, 16]  # vLLM's key is (128, 16)
+    assert added == len(shapes) and set(builder.chunkmeta_buckets) == shapes  # every bucket made up front
+    full = CUDAGraphMode.FULL
+    # a mixed batch: the smallest request bucket that holds it, not vLLM's min(N, max_num_seqs)
+    assert _mrv2_dispatch(mrv2_manager, 3, 20) == (full, 32, 8) and record.current == (32, 8)
+    assert _mrv2_dispatch(mrv2_manager, 12, 20) == (full, 32, 16) and record.current == (32, 16)
+    # decodes keep vLLM's decode graph; a one-token batch holding a fresh prompt (which no decode
+    # graph takes: model_runner.py:1356-1368) the smallest mixed one; over every capture size, eager
+    assert _mrv2_dispatch(mrv2_manager, 5, 5, decode=True, prefill=False) == (full, 8, 8)
+    assert record.current is None
+    assert _mrv2_dispatch(mrv2_manager, 1, 1) == (full, 2, 2) and record.current == (2, 2)
+    assert _mrv2_dispatch(mrv2_manager, 3, 200)[0] == CUDAGraphMode.NONE
+    # every added graph is captured, after vLLM's decode graphs of its size in the candidates
+    captured = {(d.num_tokens, d.num_reqs) for d in mrv2_manager._capture_descs[full] if d.uniform_token_count is None}
+    assert captured == shapes
+
+
+def test_mrv2_a_step_is_staged_exactly_when_dispatched_to_a_mixed_graph(piecewise_config, full_cls, mrv2_manager):
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    bucket = builder.chunkmeta_buckets[32, 8]
+    steps = builder.chunkmeta_mixed_steps
+    _mrv2_dispatch(mrv2_manager, 3, 20)
+    staged = builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 8, 32))
+    assert staged.chunkmeta_mixed is bucket and builder.chunkmeta_mixed_steps == steps + 1
+    assert staged.chunk_indices is None  # the bucket's fill was the step's one launch
+    # the same shape dispatched elsewhere (an eager batch, say): chunkmeta's eager tables
+    _mrv2_dispatch(mrv2_manager, 40, 200)
+    eager = builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 8, 32))
+    assert not hasattr(eager, "chunkmeta_mixed") and eager.chunk_indices is not None
+    assert builder.chunkmeta_mixed_steps == steps + 1
+
+
+def test_mrv2_a_step_that_cannot_be_staged_takes_vllms_path(piecewise_config, full_cls, mrv2_manager, caplog):
+    """Fail closed, decided at dispatch: a builder that cannot stage the step (here: off) sends
+    every step to vLLM's piecewise graph, one warning, counted; nothing is staged, so no bucket
+    (and no state a replay would write) changes."""
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    bucket = builder.chunkmeta_buckets[32, 8]
+    before = _snapshot(bucket), bucket.state_indices.clone(), bucket.staged
+    builder._chunkmeta_unsafe = "refused for the test"
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        for _ in range(3):
+            assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None)
+            got = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+            assert not hasattr(got, "chunkmeta_mixed")
+    assert (_snapshot(bucket), bucket.staged) == (before[0], before[2]) and torch.equal(bucket.state_indices, before[1])
+    assert sum(record.turned_away.values()) == 3
+    assert len([r for r in caplog.records if "stays off the mixed-step graphs" in r.getMessage()]) == 1
+    # a graph whose capture took vLLM's path (no bucket) is turned away the same way
+    builder._chunkmeta_unsafe = None
+    record.refuse((32, 16))
+    assert _mrv2_dispatch(mrv2_manager, 12, 20) == (CUDAGraphMode.PIECEWISE, 32, None)
+    assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.FULL, 32, 8)
+
+
+def test_mrv2_a_stage_that_fails_after_dispatch_raises(piecewise_config, full_cls, mrv2_manager, monkeypatch):
+    """The last line: a step vLLM will replay in a mixed graph that cannot be staged after all
+    stops the step (the graph would replay another step's inputs), where no runner hook decides
+    it falls back to chunkmeta's eager tables (test_a_failed_stage_keeps_vllms_path_with_one_warning)."""
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+
+    def refuse(self, *args, **kwargs):
+        raise ChunkMetaError("refused for the test")
+
+    monkeypatch.setattr(mixed_step.MixedStepInputs, "stage", refuse)
+    _mrv2_dispatch(mrv2_manager, 3, 20)
+    with pytest.raises(ChunkMetaError, match="refused for the test"):
+        builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 8, 32))
+
+
+def test_mrv2_other_groups_get_the_bucket_with_their_own_state_indices(piecewise_config, full_cls, mrv2_manager):
+    """MRV2 builds one GDN group's metadata and hands it to the others through
+    ``update_block_table`` (attn_utils.py:552-560), whose ``dataclasses.replace`` would drop the
+    bucket: each group gets a view with the batch's tables and its own state indices."""
+    first, second = (full_cls(SPEC, LAYERS, piecewise_config, DEVICE) for _ in range(2))
+    _mrv2_wired(piecewise_config, mrv2_manager, [first, second])
+    _mrv2_dispatch(mrv2_manager, 3, 20)
+    m = padded_metadata([1, 7, 12], [40, 0, 0], 8, 32)
+    staged = first.build(0, m)
+    bucket = staged.chunkmeta_mixed
+    theirs = torch.zeros_like(m.block_table_tensor)
+    theirs[:3, 0] = torch.tensor([31, 32, 33])  # the second group's blocks; padded rows: the null block
+    # prefix caching's align mode (vLLM's default) reads the group's aligned indices, set per step
+    # by the runner (mamba_hybrid.py:304-318), instead of the block table
+    second.mamba_aligned_state_indices = theirs
+    views = []
+    for _ in range(2):
+        out = second.update_block_table(staged, theirs, m.slot_mapping)
+        views.append(out.chunkmeta_mixed)
+        assert out.chunkmeta_mixed.state_indices.tolist() == [31, 32, 33] + [0] * 5
+        assert out.chunkmeta_mixed.cu_seqlens is bucket.cu_seqlens and out.chunkmeta_mixed.conv is bucket.conv
+    assert views[0] is views[1]  # one view per bucket: fixed addresses for the graph
+    assert bucket.state_indices.tolist() == staged.non_spec_state_indices_tensor.tolist()  # the first group's
+    unstaged = first.build(0, vllm_real_batches.common_metadata([1, 7], [40, 0], DEVICE))
+    assert not hasattr(second.update_block_table(unstaged, theirs[:2], m.slot_mapping[:8]), "chunkmeta_mixed")
+
+
+def test_v1_a_mixed_key_that_cannot_be_staged_takes_vllms_piecewise_graph(piecewise_config, full_cls):
+    runner = _start_runner(piecewise_config, [full_cls])
+    d = runner.cudagraph_dispatcher
+    (builder,) = runner.attn_groups[0][0].metadata_builders
+    record = builder._chunkmeta_dispatch
+    mode, key = d.dispatch(num_tokens=20, uniform_decode=False)
+    assert (mode, key.num_tokens, key.num_reqs) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS)
+    assert record.current == (32, MAX_NUM_SEQS)
+    record.refuse((32, MAX_NUM_SEQS))
+    mode, key = d.dispatch(num_tokens=20, uniform_decode=False)
+    assert mode == CUDAGraphMode.PIECEWISE and record.current is None
+    mode, key = d.dispatch(num_tokens=5, uniform_decode=True)  # decodes: vLLM's decode graph, undecided
+    assert (mode, key.uniform) == (CUDAGraphMode.FULL, True) and record.current is None

@@ -80,7 +80,7 @@ def series(records: list[dict]) -> tuple[dict, dict]:
         except KeyError:
             return None
 
-    kept = [r for r in records if r["kind"] == "step_tables" and "experiment" not in r and points(r)]
+    kept = [r for r in records if r["kind"] == "step_tables" and not {"experiment", "flawed"} & set(r) and points(r)]
     if not kept:
         raise ValueError("no step_tables record holds chunkmeta_kda_gdn, vllm_kda_gdn_step_us and fla_host")
     record = max(kept, key=lambda r: r["date"])

@@ -1,7 +1,7 @@
 """bench/RESULTS.md from the records of bench/results/runs.jsonl (``python bench/results.py render``).
 
 Per benchmark family (a record's ``kind``), in ``FAMILIES``' order: a table of its latest record
-(an ``experiment`` is never the latest), then one line per record, newest first. The tables are
+(an ``experiment`` or ``flawed`` record is never the latest), then one line per record, newest first. The tables are
 generic: the rows a family's figures hold, a field per table row or column, each per-method
 object in one cell; ``Family`` says where the rows are and which figures the history line shows.
 Standard library only.
@@ -349,13 +349,14 @@ def summary(family: Family, record: dict) -> str:
 
 
 def _note(record: dict) -> str:
-    return " ".join(f"{k}: {record[k]}" for k in ("experiment", "note") if k in record).replace("|", "/")
+    return " ".join(f"{k}: {record[k]}" for k in ("experiment", "flawed", "note") if k in record).replace("|", "/")
 
 
 def latest_record(family: Family, runs: list[dict]) -> dict:
     """The record a family's table shows, of its records sorted by date: the newest that is no
-    experiment nor smoke run and holds the family's rows (a record of ``also`` only does not)."""
-    kept = [r for r in runs if "experiment" not in r and not r["figures"].get("smoke")]
+    experiment, flawed record nor smoke run and holds the family's rows (a record of ``also``
+    only does not)."""
+    kept = [r for r in runs if "experiment" not in r and "flawed" not in r and not r["figures"].get("smoke")]
     kept = [r for r in kept if family.rows is None or r["figures"].get(family.rows)] or kept
     return (kept or runs)[-1]
 
@@ -368,7 +369,7 @@ def render(records: list[dict]) -> str:
         "append records with `python bench/results.py add FILE...` and render again. -->",
         "",
         f"Every figure below is a record's, from `bench/results/runs.jsonl` ({len(records)} records), named by "
-        "its id. Per benchmark family: its latest record (an `experiment` is never the latest), then one line "
+        "its id. Per benchmark family: its latest record (an `experiment` or a `flawed` record is never the latest), then one line "
         "per record, newest first. How to run the benchmarks and read the figures: "
         "[docs/gpu.md](../docs/gpu.md).",
         "",

@@ -20,7 +20,9 @@ The GPU benchmark scripts write their records under their ``--out`` directory
 * ``device``   the GPU's name and the versions of torch, triton, fla-core, Python, NVRTC;
 * ``figures``  the numbers, as the family's script wrote them;
 * optional: ``experiment`` (a change that was measured and not kept: such a record is never the
-  "latest" of its family), ``note``, ``source`` (the file an old record was imported from).
+  "latest" of its family), ``flawed`` (what makes some of its figures mislead, found after the
+  run: never the latest either; the figures stay as measured), ``note``, ``source`` (the file
+  an old record was imported from).
 
 ``render`` writes bench/RESULTS.md (bench/render.py: per family, a table of its latest record and
 one line per record), docs/host_time.png and, once a vllm_engine record has rows,
@@ -50,7 +52,7 @@ RESULTS_MD = HERE / "RESULTS.md"
 PICTURE = HERE.parent / "docs" / "host_time.png"
 ENGINE_PICTURE = HERE.parent / "docs" / "engine_serving.png"  # drawn once a vllm_engine record has rows
 REQUIRED = ("id", "kind", "date", "commit", "command", "device", "figures")
-OPTIONAL = ("experiment", "note", "source")
+OPTIONAL = ("experiment", "flawed", "note", "source")
 RECORD_SUFFIX = ".runs.jsonl"
 
 

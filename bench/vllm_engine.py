@@ -47,12 +47,16 @@ METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-in
     "chunkmeta": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
     "chunkmeta_graphs": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "1"},
 }
-# Workloads: (input length range, output length, concurrencies, prompts per unit of concurrency,
-# shared prefix tokens, prefix groups). "seed": vLLM #51862's (random ISL 8192 / OSL 128).
+# Workloads: input and output length ranges (per request, uniform), concurrencies, prompts per
+# unit of concurrency (at least ``min``), shared prefix tokens and prefix groups. "seed": vLLM
+# #51862's (random ISL 8192 / OSL 128). "staggered": output lengths that differ, so requests end
+# at different steps and new prompts join running decodes (mixed steps), as in serving traffic;
+# the closed loops of fixed output length run in waves of all-prefill then all-decode steps.
 WORKLOADS = {
-    "seed": {"isl": (8192, 8192), "osl": 128, "concurrency": (1, 8, 32), "per": 4},
-    "short": {"isl": (64, 512), "osl": 64, "concurrency": (1, 8, 32), "per": 4},
-    "prefix": {"isl": (128, 512), "osl": 64, "concurrency": (8,), "per": 4, "prefix": 2048, "groups": 4},
+    "seed": {"isl": (8192, 8192), "osl": (128, 128), "concurrency": (1, 8, 32), "per": 4},
+    "short": {"isl": (64, 512), "osl": (64, 64), "concurrency": (1, 8, 32), "per": 4, "min": 16},
+    "prefix": {"isl": (128, 512), "osl": (64, 64), "concurrency": (8,), "per": 4, "prefix": 2048, "groups": 4},
+    "staggered": {"isl": (64, 512), "osl": (16, 256), "concurrency": (8, 32), "per": 8},
 }
 START_RESERVE_S = 120  # no engine is started with less of --budget-s left (a cold start takes about that)
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -85,35 +89,48 @@ MODEL_ARGS = {  # per model: what its layers need on the image (the same for eve
     "qwen3_5": {"additional_config": {"gdn_prefill_backend": "triton"}},
 }
 # kept for every repeat
-RUN_KEYS = ("total_tok_s", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "max_step_ms", "compiles", "autotunes")
+RUN_KEYS = (
+    "total_tok_s",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "max_step_ms",
+    "compiles",
+    "autotunes",
+    "mixed_steps",
+)
 CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)  # lengths; 24 tokens out
 
 
 # ------------------------------------------------------------------ prompts and the serving loop
 
 
-def prompts(name: str, concurrency: int, vocab: int) -> list[list[int]]:
-    """A workload's token-id prompts: the same for every method (seeded by its name and concurrency)."""
+def requests(name: str, concurrency: int, vocab: int, run: int = 1) -> list[tuple[list[int], int]]:
+    """A workload's requests, ``(token ids, output length)``: the same for every method, seeded by
+    the workload, the concurrency and ``run`` (0: the warm-up). Each run draws new tokens, shared
+    prefixes included: a run never hits the prefix cache that an earlier run filled (vLLM's
+    prefix caching is on), only the prefixes shared inside it."""
     import numpy as np
 
     spec = WORKLOADS[name]
-    rng = np.random.default_rng([sum(map(ord, name)), concurrency])
-    low, high = spec["isl"]
-    lengths = rng.integers(low, high + 1, size=spec["per"] * concurrency)
+    rng = np.random.default_rng([sum(map(ord, name)), concurrency, run])
+    count = max(spec["per"] * concurrency, spec.get("min", 0))
+    lengths = rng.integers(spec["isl"][0], spec["isl"][1] + 1, size=count)
+    outputs = rng.integers(spec["osl"][0], spec["osl"][1] + 1, size=count)
     prefixes = [rng.integers(10, vocab - 10, size=spec["prefix"]).tolist() for _ in range(spec.get("groups", 0))]
     out = []
-    for i, length in enumerate(lengths):
+    for i, (length, osl) in enumerate(zip(lengths, outputs, strict=True)):
         body = rng.integers(10, vocab - 10, size=int(length)).tolist()
-        out.append((prefixes[i % len(prefixes)] + body) if prefixes else body)
+        out.append(((prefixes[i % len(prefixes)] + body) if prefixes else body, int(osl)))
     return out
 
 
-def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_params, *, clock=time.perf_counter):
+def serve(engine, reqs: list[tuple[list[int], int]], concurrency: int, make_params, *, clock=time.perf_counter):
     """Closed loop at ``concurrency`` (``vllm bench serve --max-concurrency``, unbounded rate):
-    a new request as soon as one finishes. Per request: its start, each token's time, the
-    tokens and their logprobs. ``engine``: ``add_request(id, prompt, params)`` and ``step()``
-    (vLLM's ``LLMEngine``)."""
-    pending = list(enumerate(prompt_ids))[::-1]
+    a new request as soon as one finishes. ``reqs``: ``(token ids, output length)``. Per
+    request: its start, each token's time, the tokens and their logprobs; per step its host
+    time. ``engine``: ``add_request(id, prompt, params)`` and ``step()`` (vLLM's ``LLMEngine``)."""
+    pending = list(enumerate(reqs))[::-1]
     live: dict[str, dict] = {}
     done: list[dict] = []
     steps = 0
@@ -121,7 +138,7 @@ def serve(engine, prompt_ids: list[list[int]], osl: int, concurrency: int, make_
 
     def admit():
         while pending and len(live) < concurrency:
-            index, ids = pending.pop()
+            index, (ids, osl) = pending.pop()
             rid = f"r{index}"
             live[rid] = {"index": index, "isl": len(ids), "start": clock(), "times": [], "tokens": [], "logprobs": []}
             engine.add_request(rid, {"prompt_token_ids": ids}, make_params(osl))
@@ -424,13 +441,17 @@ def child(args) -> int:
     engine = llm.llm_engine
     emit("wiring", **llm.collective_rpc(wiring)[0])
 
-    # correctness: one batch of fixed prompts, greedy, syncs counted
+    # correctness: one batch of fixed prompts, greedy, syncs counted. A first pass on other tokens
+    # of the same lengths compiles and autotunes this batch's kernels: a process that autotunes
+    # inside the compared pass gives other logprobs than one that loaded the choice from disk
+    # (H100, vllm_engine@2026-12-07T00:06:58Z: the first process alone differed). Other tokens,
+    # so that the compared pass's prefills miss the prefix cache.
     counter = llm.collective_rpc(lambda w: SyncCounter(engine, w))[0] if args.engine != "fake" else None
-    ids = [
-        list(range(11, 11 + n)) if i % 2 else [(7 * j + i) % (vocab - 20) + 10 for j in range(n)]
-        for i, n in enumerate(CORRECTNESS_PROMPTS)
-    ]
-    run = serve(counter if counter is not None else engine, ids, 24, len(ids), make_params)
+    warm, fixed = (
+        [(correctness_prompt(i, n, vocab, shift), 24) for i, n in enumerate(CORRECTNESS_PROMPTS)] for shift in (1, 0)
+    )
+    serve(engine, warm, len(warm), make_params)
+    run = serve(counter if counter is not None else engine, fixed, len(fixed), make_params)
     if counter is not None:
         counter.undo()
     emit(
@@ -442,8 +463,9 @@ def child(args) -> int:
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
     if base_method(args.method) == "chunkmeta_graphs":
-        mixed = sum(s.get("mixed_steps", 0) for b in after["builders"].values() for s in b.get("stats", []))
-        if not mixed:
+        # engaged: mixed-step graphs captured (each bucket's capture staged it); the steps they
+        # served are counted per run
+        if not any(s.get("mixed_buckets") for b in after["builders"].values() for s in b.get("stats", [])):
             emit("not_engaged", reason=_why_not_engaged(after))
             return 0
 
@@ -454,19 +476,33 @@ def child(args) -> int:
             if time.time() > deadline:
                 emit("skipped", workload=name, concurrency=concurrency, reason="past the time budget")
                 continue
-            batch = prompts(name, concurrency, vocab)
             watch.take()
             # warm-up: one wave at this concurrency (its step shapes' kernels and autotuning)
-            serve(engine, batch[:concurrency], spec["osl"], concurrency, make_params)
+            serve(engine, requests(name, concurrency, vocab, run=0)[:concurrency], concurrency, make_params)
             warmup = watch.take()
             each = []
-            for _ in range(args.repeats):
-                each.append(metrics(serve(engine, batch, spec["osl"], concurrency, make_params)) | watch.take())
+            for run in range(1, args.repeats + 1):
+                before = _mixed_steps(llm)
+                served = serve(engine, requests(name, concurrency, vocab, run), concurrency, make_params)
+                each.append(metrics(served) | watch.take() | {"mixed_steps": _mixed_steps(llm) - before})
             # the figures are the last run's (steady state); every run's headline figures are kept
             result = each[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in each], "warmup_triton": warmup}
             emit("workload", workload=name, concurrency=concurrency, **result)
     emit("final", **llm.collective_rpc(wiring)[0])
     return 0
+
+
+def correctness_prompt(index: int, length: int, vocab: int, shift: int = 0) -> list[int]:
+    """The correctness pass's prompt ``index`` (``shift`` 1: the warm-up pass's, other tokens)."""
+    if index % 2:
+        return [(t + 97 * shift) % (vocab - 20) + 10 for t in range(1, 1 + length)]
+    return [(7 * j + index + 13 * shift) % (vocab - 20) + 10 for j in range(length)]
+
+
+def _mixed_steps(llm) -> int:
+    """Steps staged into mixed-step graphs so far, every chunkmeta builder summed (0 without)."""
+    found = llm.collective_rpc(wiring)[0]["builders"]
+    return sum(s.get("mixed_steps", 0) for b in found.values() for s in b.get("stats", []))
 
 
 def _why_not_engaged(after: dict) -> str:
@@ -592,6 +628,7 @@ def summarize(rows: list[dict]) -> dict:
         "compile_s",
         "autotune_s",
         "kernels",
+        "mixed_steps",
         "warmup_triton",
         "runs",
     )

@@ -41,8 +41,8 @@ class _TickingEngine(vllm_engine_fake._Engine):
 def test_serve_keeps_concurrency_and_times_tokens():
     clock = _Clock()
     engine = _TickingEngine(clock)
-    batch = [[1] * 10, [2] * 20, [3] * 30]
-    run = vllm_engine.serve(engine, batch, 4, 2, vllm_engine_fake.params, clock=clock)
+    batch = [([1] * 10, 4), ([2] * 20, 4), ([3] * 30, 4)]
+    run = vllm_engine.serve(engine, batch, 2, vllm_engine_fake.params, clock=clock)
     reqs = run["requests"]
     assert [r["index"] for r in reqs] == [0, 1, 2]
     assert all(len(r["tokens"]) == 4 and len(r["times"]) == 4 for r in reqs)
@@ -57,15 +57,30 @@ def test_serve_keeps_concurrency_and_times_tokens():
     assert m["total_tok_s"] == pytest.approx(72 / run["seconds"], rel=1e-3)
 
 
-def test_prompts_are_the_same_for_every_method_and_share_prefixes():
-    a = vllm_engine.prompts("prefix", 8, 1000)
-    assert a == vllm_engine.prompts("prefix", 8, 1000)
+def test_requests_are_the_same_for_every_method_and_new_in_every_run():
+    a = vllm_engine.requests("prefix", 8, 1000, run=1)
+    assert a == vllm_engine.requests("prefix", 8, 1000, run=1)
     assert len(a) == 32
     spec = vllm_engine.WORKLOADS["prefix"]
-    assert a[0][: spec["prefix"]] == a[spec["groups"]][: spec["prefix"]]
-    assert a[0][: spec["prefix"]] != a[1][: spec["prefix"]]
-    seed = vllm_engine.prompts("seed", 1, 1000)
-    assert {len(p) for p in seed} == {8192}
+    ids = [r[0] for r in a]
+    assert ids[0][: spec["prefix"]] == ids[spec["groups"]][: spec["prefix"]]  # shared inside a run
+    assert ids[0][: spec["prefix"]] != ids[1][: spec["prefix"]]
+    # another run (or the warm-up, run 0) shares no prompt's first block with this one: vLLM's
+    # prefix cache, on by default, would serve it from the earlier run's blocks
+    for other in (0, 2):
+        firsts = {tuple(r[0][:16]) for r in vllm_engine.requests("prefix", 8, 1000, run=other)}
+        assert not firsts & {tuple(p[:16]) for p in ids}
+    seed = vllm_engine.requests("seed", 1, 1000)
+    assert {len(p) for p, _ in seed} == {8192} and {o for _, o in seed} == {128}
+    assert len(vllm_engine.requests("short", 1, 1000)) == 16  # enough requests for TTFT at concurrency 1
+    staggered = {o for _, o in vllm_engine.requests("staggered", 8, 1000)}
+    assert len(staggered) > 10 and min(staggered) >= 16 and max(staggered) <= 256
+
+
+def test_the_correctness_warm_up_pass_shares_no_prefix_with_the_compared_one():
+    for i, n in enumerate(vllm_engine.CORRECTNESS_PROMPTS):
+        warm, fixed = (vllm_engine.correctness_prompt(i, n, 1000, shift) for shift in (1, 0))
+        assert len(warm) == len(fixed) == n and warm[0] != fixed[0]
 
 
 def test_logprob_comparison_names_the_first_divergence():

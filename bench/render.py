@@ -369,8 +369,8 @@ def render(records: list[dict]) -> str:
         "append records with `python bench/results.py add FILE...` and render again. -->",
         "",
         f"Every figure below is a record's, from `bench/results/runs.jsonl` ({len(records)} records), named by "
-        "its id. Per benchmark family: its latest record (an `experiment` or a `flawed` record is never the latest), then one line "
-        "per record, newest first. How to run the benchmarks and read the figures: "
+        "its id. Per benchmark family: its latest record (an `experiment` or a `flawed` record is never the "
+        "latest), then one line per record, newest first. How to run the benchmarks and read the figures: "
         "[docs/gpu.md](../docs/gpu.md).",
         "",
     ]

@@ -100,6 +100,12 @@ RUN_KEYS = (
     "mixed_steps",
 )
 CORRECTNESS_PROMPTS = (48, 300, 1, 1024, 2000, 64, 777, 3000, 129, 512, 5, 1500)  # lengths; 24 tokens out
+# (length, output length) served at concurrency 4: requests end at different steps and new short
+# prompts join running decodes, the mixed steps that the mixed-step graphs replay
+CORRECTNESS_STAGGERED = (
+    (40, 9), (130, 30), (17, 5), (200, 22), (64, 14), (90, 40), (33, 7), (150, 18), (12, 26), (75, 11), (180, 33),
+    (25, 6),
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ prompts and the serving loop
@@ -446,19 +452,23 @@ def child(args) -> int:
     # inside the compared pass gives other logprobs than one that loaded the choice from disk
     # (H100, vllm_engine@2026-12-07T00:06:58Z: the first process alone differed). Other tokens,
     # so that the compared pass's prefills miss the prefix cache.
+    # Then the staggered part (CORRECTNESS_STAGGERED), the same way.
     counter = llm.collective_rpc(lambda w: SyncCounter(engine, w))[0] if args.engine != "fake" else None
-    warm, fixed = (
-        [(correctness_prompt(i, n, vocab, shift), 24) for i, n in enumerate(CORRECTNESS_PROMPTS)] for shift in (1, 0)
-    )
-    serve(engine, warm, len(warm), make_params)
-    run = serve(counter if counter is not None else engine, fixed, len(fixed), make_params)
+    counted = counter if counter is not None else engine
+    batch = [(n, 24) for n in CORRECTNESS_PROMPTS]
+    compared = []
+    for part, concurrency in ((batch, len(batch)), (CORRECTNESS_STAGGERED, 4)):
+        serve(engine, correctness_requests(part, vocab, shift=1), concurrency, make_params)
+        mixed = _mixed_steps(llm)  # the staggered part's compared pass's, in the end
+        compared += serve(counted, correctness_requests(part, vocab), concurrency, make_params)["requests"]
     if counter is not None:
         counter.undo()
     emit(
         "correctness",
-        tokens=[r["tokens"] for r in run["requests"]],
-        logprobs=[r["logprobs"] for r in run["requests"]],
+        tokens=[r["tokens"] for r in compared],
+        logprobs=[r["logprobs"] for r in compared],
         syncs=counter.figures() if counter is not None else None,
+        mixed_steps=_mixed_steps(llm) - mixed,  # of the staggered part's compared pass
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
@@ -492,11 +502,17 @@ def child(args) -> int:
     return 0
 
 
-def correctness_prompt(index: int, length: int, vocab: int, shift: int = 0) -> list[int]:
-    """The correctness pass's prompt ``index`` (``shift`` 1: the warm-up pass's, other tokens)."""
-    if index % 2:
-        return [(t + 97 * shift) % (vocab - 20) + 10 for t in range(1, 1 + length)]
-    return [(7 * j + index + 13 * shift) % (vocab - 20) + 10 for j in range(length)]
+def correctness_requests(part, vocab: int, shift: int = 0) -> list[tuple[list[int], int]]:
+    """The correctness pass's requests for ``part``'s ``(length, output length)`` (``shift`` 1:
+    the warm-up pass's, other tokens of the same lengths)."""
+    out = []
+    for index, (length, osl) in enumerate(part):
+        if index % 2:
+            ids = [(t + 97 * shift) % (vocab - 20) + 10 for t in range(1, 1 + length)]
+        else:
+            ids = [(7 * j + index + 13 * shift) % (vocab - 20) + 10 for j in range(length)]
+        out.append((ids, osl))
+    return out
 
 
 def _mixed_steps(llm) -> int:
@@ -655,6 +671,7 @@ def summarize(rows: list[dict]) -> dict:
         check = _event(row, "correctness")
         if check:
             status["syncs"] = check.get("syncs")
+            status["correctness_mixed_steps"] = check.get("mixed_steps")
             correctness.setdefault(model, {})[method] = check
         methods.setdefault(model, {})[method] = status
         for event in row["events"]:

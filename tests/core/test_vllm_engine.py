@@ -78,9 +78,10 @@ def test_requests_are_the_same_for_every_method_and_new_in_every_run():
 
 
 def test_the_correctness_warm_up_pass_shares_no_prefix_with_the_compared_one():
-    for i, n in enumerate(vllm_engine.CORRECTNESS_PROMPTS):
-        warm, fixed = (vllm_engine.correctness_prompt(i, n, 1000, shift) for shift in (1, 0))
-        assert len(warm) == len(fixed) == n and warm[0] != fixed[0]
+    part = vllm_engine.CORRECTNESS_STAGGERED
+    warm, fixed = (vllm_engine.correctness_requests(part, 1000, shift) for shift in (1, 0))
+    for (w, wo), (f, fo), (n, osl) in zip(warm, fixed, part, strict=True):
+        assert len(w) == len(f) == n and wo == fo == osl and w[0] != f[0]
 
 
 def test_logprob_comparison_names_the_first_divergence():

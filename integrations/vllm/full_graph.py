@@ -133,18 +133,23 @@ class FullGraphBuilderMixin:
         # FULL captures: vLLM's decode routine's (its decode kernels), or mixed batches' (one
         # routine under FULL; beside the decode routine where graph_dispatch added them)
         m = common_attn_metadata
+        record = self._chunkmeta_dispatch
+        if record is not None:
+            record.current = None  # a capture is no dispatched step (vLLM's decode capture calls build())
         if not self._mixed_active() or self._vllm_decode_routine(m):
             return super().build_for_cudagraph_capture(m)
         shape = (m.num_actual_tokens, m.num_reqs)
         try:
             return self._staged_build(self.chunkmeta_bucket(*shape), (0, m, None, None, False), strict=True)
-        except Exception as exc:  # noqa: BLE001  a bucket it cannot make or stage: vLLM's capture
-            # and no step is ever dispatched to that graph (it would freeze vLLM's host branches)
+        except Exception as exc:  # noqa: BLE001  a bucket it cannot make or stage
+            # No step is ever dispatched to that graph. Its capture takes the eager build (vLLM's
+            # capture builder asserts a decode-sized batch, gdn_attn.py:799-808): a graph that
+            # froze the eager path's host branches, never replayed.
             self.chunkmeta_buckets.pop(shape, None)
-            if self._chunkmeta_dispatch is not None:
-                self._chunkmeta_dispatch.refuse(shape)
+            if record is not None:
+                record.refuse(shape)
             self._mixed_fall_back(exc)
-            return super().build_for_cudagraph_capture(m)
+            return super().build(0, m)
 
     def chunkmeta_bucket(self, num_tokens: int, num_reqs: int) -> MixedStepInputs:
         """The bucket of a captured mixed batch shape, made on first use (raises where it cannot be)."""

@@ -54,17 +54,23 @@ class MixedDispatch:
     def __init__(self, builders):
         self.builders = list(builders)
         self.current: tuple[int, int] | None = None
-        self.refused: set[tuple[int, int]] = set()  # graphs captured by vLLM's path (no bucket)
+        self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
+        self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
 
-    def decide(self, shape: tuple[int, int] | None) -> bool:
+    def decide(self, shape: tuple[int, int] | None, *, uniform_decode: bool = False) -> bool:
         """Record vLLM's choice for this step: ``shape`` of a mixed FULL graph, or None. False
-        when it cannot be staged (the caller then dispatches the step elsewhere)."""
+        when the step does not go there: it cannot be staged, or it is a uniform decode batch
+        that reached a graph chunkmeta added (where vLLM has no decode graph of that size: its
+        own choice without chunkmeta's graphs keeps its decode kernels). The caller then
+        dispatches the step elsewhere."""
         self.current = None
         if shape is None:
             return True
+        if uniform_decode and shape in self.added:
+            return False
         why = self.cannot_stage(shape)
         if why is not None:
             self._turn_away(why)
@@ -79,12 +85,28 @@ class MixedDispatch:
             if not builder._mixed_active():
                 return "a chunkmeta builder serves no mixed step"
         if shape in self.refused or not any(shape in b.chunkmeta_buckets for b in self.builders):
-            return "a mixed graph captured on vLLM's path (chunkmeta had no bucket for it)"
+            return "a mixed graph captured without chunkmeta's inputs"
         return None
 
     def refuse(self, shape: tuple[int, int]) -> None:
-        """No step goes to the mixed graph of ``shape`` (its capture took vLLM's path)."""
+        """No step goes to the mixed graph of ``shape`` (its capture could not be staged)."""
         self.refused.add(shape)
+
+    def stageable(self, shapes) -> set:
+        """Of vLLM's own mixed graphs (``cudagraph_mode=FULL``), those every chunkmeta builder can
+        stage, each bucket made now (before capture): the others are to be removed."""
+        if not all(b._mixed_active() for b in self.builders):
+            return set()
+        kept = set()
+        for shape in shapes:
+            try:
+                for builder in self.builders:
+                    builder.chunkmeta_bucket(*shape)
+            except Exception as exc:  # noqa: BLE001  that graph is not captured: its steps run eagerly
+                self._turn_away(f"no bucket for a mixed graph ({type(exc).__name__}: {exc})")
+            else:
+                kept.add(shape)
+        return kept
 
     def _turn_away(self, why: str) -> None:
         count = self.turned_away[why] = self.turned_away.get(why, 0) + 1
@@ -93,24 +115,33 @@ class MixedDispatch:
 
 
 def mixed_full_eligible(vllm_config, attn_groups, builders) -> str | None:
-    """Why a runner gets no mixed FULL graph from chunkmeta, or None. Every group's builder must
-    support ``ALWAYS`` and every chunkmeta builder serve mixed steps; one data parallel rank
-    (ranks pad to the largest batch after agreeing on a mode: a decode rank would find no graph
-    of a mixed size), no micro-batching (its graphs are keyed by token count alone), no
-    KV-sharing fast prefill (it dispatches a second, logits-sized batch inside a step)."""
+    """Why a runner under ``FULL_AND_PIECEWISE`` gets no mixed FULL graph from chunkmeta, or None.
+    Every group's builder must support ``ALWAYS`` and every chunkmeta builder serve mixed steps;
+    one data parallel rank (ranks pad to the largest batch after agreeing on a mode: a decode
+    rank would find no graph of a mixed size), no micro-batching (its graphs are keyed by token
+    count alone), no KV-sharing fast prefill (``fast_prefill_refusal``)."""
     from vllm.v1.attention.backend import AttentionCGSupport
 
     parallel = vllm_config.parallel_config
     if parallel.data_parallel_size > 1 or parallel.use_ubatching:
         return "data parallelism or micro-batching"
-    if getattr(vllm_config.cache_config, "kv_sharing_fast_prefill", False):
-        return "KV-sharing fast prefill"
+    why = fast_prefill_refusal(vllm_config)
+    if why is not None:
+        return why
     if not builders or not all(b._mixed_active() for b in builders):
         return "a GDN-family builder that serves no mixed step"
     for group in attn_groups:
         support = group.backend.get_builder_cls().get_cudagraph_support(vllm_config, group.kv_cache_spec)
         if support != AttentionCGSupport.ALWAYS:
-            return f"{group.backend.get_name()} supports {support.name} CUDA graphs, not ALWAYS"
+            return f"{group.backend.__name__} supports {support.name} CUDA graphs, not ALWAYS"
+    return None
+
+
+def fast_prefill_refusal(vllm_config) -> str | None:
+    """KV-sharing fast prefill dispatches a second, logits-sized batch inside a step (MRV2
+    attn_utils.py:123, V1 gpu_model_runner.py:2681), which would overwrite the step's decision."""
+    if getattr(vllm_config.cache_config, "kv_sharing_fast_prefill", False):
+        return "KV-sharing fast prefill"
     return None
 
 
@@ -133,15 +164,15 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
     return desc.num_tokens, desc.num_reqs
 
 
-def add_mixed_full_descs(manager, vllm_config, builders) -> int:
+def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]:
     """Under ``FULL_AND_PIECEWISE``, MRV2 descriptors ``(FULL, N, R)`` for mixed batches (module
     docstring), each bucket made first: a bucket that cannot be made leaves vLLM's descriptors
-    as they were (raises). Returns the descriptors added."""
+    as they were (raises). Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
     if manager.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
-        return 0
+        return set()
     full = manager._capture_descs.get(CUDAGraphMode.FULL, [])
     sizes = sorted({d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, ()) if d.num_tokens > 1})
     added = [
@@ -162,7 +193,33 @@ def add_mixed_full_descs(manager, vllm_config, builders) -> int:
             at = next((k for k, d in enumerate(candidates) if d.cg_mode != CUDAGraphMode.FULL), len(candidates))
             candidates[at:at] = ours
     manager._capture_descs[CUDAGraphMode.FULL] = sorted([*full, *added], key=lambda d: d.num_tokens, reverse=True)
-    return len(added)
+    return {(d.num_tokens, d.num_reqs) for d in added}
+
+
+def keep_stageable_descs(manager, record: MixedDispatch) -> int:
+    """Under ``cudagraph_mode=FULL``: vLLM's own mixed descriptors whose bucket cannot be made
+    (or with KV-sharing fast prefill, all of them) leave the capture list and the candidates, so
+    no capture reaches vLLM's decode-only capture path and their steps run eagerly. Returns the
+    descriptors removed."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    full = manager._capture_descs.get(CUDAGraphMode.FULL, [])
+    shapes = {shape for d in full if (shape := mrv2_mixed_shape(d)) is not None}
+    why = fast_prefill_refusal(manager.vllm_config)
+    kept = set() if why else record.stageable(shapes)
+    if why:
+        logger.warning("chunkmeta: no mixed-step graphs: %s", why)
+
+    def keep(d):
+        shape = mrv2_mixed_shape(d)
+        return shape is None or shape in kept
+
+    removed = len(full) - sum(map(keep, full))
+    if removed:
+        manager._capture_descs[CUDAGraphMode.FULL] = [d for d in full if keep(d)]
+        for candidates in manager._candidates.values():
+            candidates[:] = [d for d in candidates if keep(d)]
+    return removed
 
 
 def mrv2_dispatch(manager, record: MixedDispatch) -> None:
@@ -176,7 +233,8 @@ def mrv2_dispatch(manager, record: MixedDispatch) -> None:
     @functools.wraps(original)
     def dispatch(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         desc = original(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len, num_ubatches)
-        if record.decide(mrv2_mixed_shape(desc)):
+        uniform_decode = uniform_token_count is not None and uniform_token_count == manager.decode_query_len
+        if record.decide(mrv2_mixed_shape(desc), uniform_decode=uniform_decode):
             return desc
         loras = manager._resolve_effective_loras(num_active_loras)
         for other in manager._candidates.get((num_tokens, loras), ()):
@@ -193,7 +251,10 @@ def mrv2_dispatch(manager, record: MixedDispatch) -> None:
 
 def mrv2_mixed_graphs(original):
     """MRV2's ``GPUModelRunner.initialize_kv_cache`` (it makes the builders and the graph manager,
-    nothing captured yet), then chunkmeta's mixed descriptors and the dispatch decision."""
+    nothing captured yet), then the mixed graphs (chunkmeta's beside vLLM's under
+    ``FULL_AND_PIECEWISE``; vLLM's own under ``FULL``, each with its bucket) and the dispatch
+    decision. A failure keeps vLLM's descriptors, with one warning."""
+    from vllm.config.compilation import CUDAGraphMode
 
     @functools.wraps(original)
     def initialize_kv_cache(self, *args, **kwargs):
@@ -203,38 +264,25 @@ def mrv2_mixed_graphs(original):
         builders = _chunkmeta_builders(groups)
         if manager is None or not builders:
             return result
-        why = mixed_full_eligible(self.vllm_config, groups, builders)
-        if why is None and manager.ubatch_runner is not None:
-            why = "micro-batching"
+        record = MixedDispatch(builders)
         try:
-            added = 0 if why else add_mixed_full_descs(manager, self.vllm_config, builders)
-        except Exception as exc:  # noqa: BLE001  vLLM's descriptors as it made them: mixed batches piecewise
-            why = f"{type(exc).__name__}: {exc}"
-        if why:
-            logger.warning("chunkmeta: no mixed-step graphs (%s)", why)
-            builders = []  # every step takes vLLM's path; a mixed FULL graph of vLLM's is turned away
-        else:
-            logger.info("chunkmeta: %d FULL CUDA graphs for mixed batches beside vLLM's", added)
-        mrv2_dispatch(manager, MixedDispatch(builders) if builders else _Refusing(groups))
+            if manager.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+                why = mixed_full_eligible(self.vllm_config, groups, builders)
+                why = why or ("micro-batching" if manager.ubatch_runner is not None else None)
+                if why:
+                    logger.info("chunkmeta: mixed batches stay piecewise: %s", why)
+                else:
+                    record.added = add_mixed_full_descs(manager, self.vllm_config, builders)
+                    logger.info("chunkmeta: %d FULL CUDA graphs for mixed batches beside vLLM's", len(record.added))
+            elif manager.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
+                keep_stageable_descs(manager, record)
+        except Exception as exc:  # noqa: BLE001  vLLM's descriptors as they were: mixed batches piecewise
+            logger.warning("chunkmeta: no mixed-step graphs added (%s: %s)", type(exc).__name__, exc)
+        mrv2_dispatch(manager, record)
         return result
 
     initialize_kv_cache.__qualname__ = f"chunkmeta.{RUNNER}.initialize_kv_cache"
     return initialize_kv_cache
-
-
-class _Refusing(MixedDispatch):
-    """The decision where chunkmeta serves no mixed graph: a mixed FULL graph of vLLM's own
-    (``cudagraph_mode=FULL``) whose capture chunkmeta's builders would have made is turned away."""
-
-    def __init__(self, groups):
-        super().__init__(_chunkmeta_builders(groups))
-
-    def decide(self, shape):
-        self.current = None
-        if shape is None or not self.builders:
-            return True
-        self._turn_away("the mixed-step graphs are off for this runner")
-        return False
 
 
 # -- V1 --------------------------------------------------------------------------------------------
@@ -246,21 +294,21 @@ def v1_mixed_shape(mode, key) -> tuple[int, int] | None:
     return (key.num_tokens, key.num_reqs) if mode == CUDAGraphMode.FULL and not key.uniform else None
 
 
-def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> int:
+def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> set[tuple[int, int]]:
     """Under ``FULL_AND_PIECEWISE``, V1 FULL keys for mixed batches, the ones
     ``cudagraph_mode=FULL`` would have (vLLM's ``_create_padded_batch_descriptor``: ``(size,
     min(size, max_num_seqs))``, not uniform); the dispatcher checks FULL keys before piecewise
     ones (cudagraph_dispatcher.py:315-320). All or nothing (``mixed_full_eligible``, every
-    key's bucket made before any key is added). Returns the keys added."""
+    key's bucket made before any key is added). Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
 
     if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
-        return 0
+        return set()
     builders = _chunkmeta_builders(attn_groups)
     why = mixed_full_eligible(vllm_config, attn_groups, builders)
     if why is not None:
         logger.info("chunkmeta: mixed batches stay piecewise: %s", why)
-        return 0
+        return set()
     sizes = [s for s in vllm_config.compilation_config.cudagraph_capture_sizes or () if s > 1]
     keys = {
         dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
@@ -271,13 +319,31 @@ def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> int:
     for key in keys:
         dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
     logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", len(keys))
-    return len(keys)
+    return {(key.num_tokens, key.num_reqs) for key in keys}
+
+
+def keep_stageable_keys(dispatcher, vllm_config, record: MixedDispatch) -> int:
+    """Under ``cudagraph_mode=FULL``: vLLM's own mixed keys whose bucket cannot be made (or with
+    KV-sharing fast prefill, all of them) are removed before capture; their steps run eagerly.
+    Returns the keys removed."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    keys = dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    mixed = {key for key in keys if not key.uniform}
+    why = fast_prefill_refusal(vllm_config)
+    kept = set() if why else record.stageable({(k.num_tokens, k.num_reqs) for k in mixed})
+    if why:
+        logger.warning("chunkmeta: no mixed-step graphs: %s", why)
+    gone = {key for key in mixed if (key.num_tokens, key.num_reqs) not in kept}
+    keys -= gone
+    return len(gone)
 
 
 def v1_dispatch(dispatcher, record: MixedDispatch) -> None:
     """Wrap ``dispatcher.dispatch`` (this instance): vLLM's choice, recorded; a mixed FULL key a
     builder cannot stage gives way to vLLM's dispatch without FULL graphs."""
     from vllm.config.compilation import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
 
     original = dispatcher.dispatch
 
@@ -287,6 +353,8 @@ def v1_dispatch(dispatcher, record: MixedDispatch) -> None:
         if record.decide(v1_mixed_shape(mode, key)):
             return mode, key
         invalid = {*(kwargs.pop("invalid_modes", None) or ()), CUDAGraphMode.FULL}
+        if not (valid_modes or CUDAGraphMode.valid_runtime_modes()) - invalid:
+            return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)  # only FULL was allowed: eager
         return original(num_tokens, uniform_decode, has_lora, num_active_loras, valid_modes, invalid_modes=invalid)
 
     dispatcher.dispatch = dispatch
@@ -294,8 +362,10 @@ def v1_dispatch(dispatcher, record: MixedDispatch) -> None:
 
 def v1_mixed_graphs(original):
     """V1's ``GPUModelRunner.initialize_metadata_builders`` (vLLM has settled the mode and its
-    keys, and made the builders), then ``add_mixed_full_keys`` and the dispatch decision; a
-    failure keeps vLLM's keys, with one warning."""
+    keys, and made the builders), then the mixed keys (chunkmeta's beside vLLM's under
+    ``FULL_AND_PIECEWISE``; vLLM's own under ``FULL``, each with its bucket) and the dispatch
+    decision. A failure keeps vLLM's keys, with one warning."""
+    from vllm.config.compilation import CUDAGraphMode
 
     @functools.wraps(original)
     def initialize_metadata_builders(self, *args, **kwargs):
@@ -304,13 +374,16 @@ def v1_mixed_graphs(original):
         builders = _chunkmeta_builders(groups)
         if not builders:
             return
+        dispatcher = self.cudagraph_dispatcher
+        record = MixedDispatch(builders)
         try:
-            add_mixed_full_keys(self.cudagraph_dispatcher, self.vllm_config, groups)
-            record = MixedDispatch(builders)
+            if dispatcher.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+                record.added = add_mixed_full_keys(dispatcher, self.vllm_config, groups)
+            elif dispatcher.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
+                keep_stageable_keys(dispatcher, self.vllm_config, record)
         except Exception as exc:  # noqa: BLE001  vLLM's keys as it made them: mixed batches piecewise
             logger.warning("chunkmeta: no FULL graphs for mixed batches (%s: %s)", type(exc).__name__, exc)
-            record = _Refusing(groups)
-        v1_dispatch(self.cudagraph_dispatcher, record)
+        v1_dispatch(dispatcher, record)
 
     initialize_metadata_builders.__qualname__ = f"chunkmeta.{RUNNER}.initialize_metadata_builders"
     return initialize_metadata_builders

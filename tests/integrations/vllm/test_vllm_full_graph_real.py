@@ -509,7 +509,7 @@ def test_no_mixed_keys_where_a_mixed_batch_could_miss_its_graph(configs, piecewi
     # speculative decoding: no graph-safe forward
     runner = _start_runner(piecewise_config, [stock])
     groups = [g for gs in runner.attn_groups for g in gs]
-    assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == 0
+    assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == set()
 
 
 def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
@@ -533,21 +533,27 @@ def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise
 
 
 @pytest.fixture
-def mrv2_manager(piecewise_config, monkeypatch):
-    """MRV2's real ``CudaGraphManager`` for ``piecewise_config`` (its real candidate lists), on
-    what it reads of a distributed setup and a CUDA graph pool, which this CPU machine lacks."""
+def make_manager(monkeypatch):
+    """MRV2's real ``CudaGraphManager`` (its real candidate lists) for a config and mode, on what
+    it reads of a distributed setup and a CUDA graph pool, which this CPU machine lacks."""
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu import cudagraph_utils
 
-    monkeypatch.setattr(
-        cudagraph_utils, "get_pp_group", lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
-    )
+    ranks = types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    monkeypatch.setattr(cudagraph_utils, "get_pp_group", lambda: ranks)
     monkeypatch.setattr(type(current_platform), "get_global_graph_pool", lambda self: None)
-    manager = cudagraph_utils.CudaGraphManager(
-        piecewise_config, DEVICE, CUDAGraphMode.FULL_AND_PIECEWISE, decode_query_len=1
-    )
-    manager._graphs_captured = True  # dispatch answers only after capture
-    return manager
+
+    def make(config, mode=CUDAGraphMode.FULL_AND_PIECEWISE):
+        manager = cudagraph_utils.CudaGraphManager(config, DEVICE, mode, decode_query_len=1)
+        manager._graphs_captured = True  # dispatch answers only after capture
+        return manager
+
+    return make
+
+
+@pytest.fixture
+def mrv2_manager(piecewise_config, make_manager):
+    return make_manager(piecewise_config)
 
 
 def _mrv2_dispatch(manager, num_reqs, num_tokens, *, decode=False, prefill=True):
@@ -559,10 +565,10 @@ def _mrv2_dispatch(manager, num_reqs, num_tokens, *, decode=False, prefill=True)
 
 
 def _mrv2_wired(config, manager, builders):
-    added = graph_dispatch.add_mixed_full_descs(manager, config, builders)
     record = graph_dispatch.MixedDispatch(builders)
+    record.added = graph_dispatch.add_mixed_full_descs(manager, config, builders)
     graph_dispatch.mrv2_dispatch(manager, record)
-    return added, record
+    return record.added, record
 
 
 def test_mrv2_mixed_batches_replay_the_graph_of_their_request_bucket(piecewise_config, full_cls, mrv2_manager):
@@ -570,7 +576,7 @@ def test_mrv2_mixed_batches_replay_the_graph_of_their_request_bucket(piecewise_c
     added, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
     shapes = {(n, r) for n in (2, 4, 8, 16, 32, 64, 128) for r in graph_dispatch.request_buckets(n, MAX_NUM_SEQS)}
     assert graph_dispatch.request_buckets(128, MAX_NUM_SEQS) == [8, 16]  # vLLM's key is (128, 16)
-    assert added == len(shapes) and set(builder.chunkmeta_buckets) == shapes  # every bucket made up front
+    assert added == shapes == set(builder.chunkmeta_buckets)  # every bucket made up front
     full = CUDAGraphMode.FULL
     # a mixed batch: the smallest request bucket that holds it, not vLLM's min(N, max_num_seqs)
     assert _mrv2_dispatch(mrv2_manager, 3, 20) == (full, 32, 8) and record.current == (32, 8)
@@ -682,3 +688,61 @@ def test_v1_a_mixed_key_that_cannot_be_staged_takes_vllms_piecewise_graph(piecew
     assert mode == CUDAGraphMode.PIECEWISE and record.current is None
     mode, key = d.dispatch(num_tokens=5, uniform_decode=True)  # decodes: vLLM's decode graph, undecided
     assert (mode, key.uniform) == (CUDAGraphMode.FULL, True) and record.current is None
+
+
+def test_mrv2_decode_batches_keep_vllms_path_where_it_has_no_decode_graph(
+    piecewise_config, full_cls, make_manager, monkeypatch
+):
+    """Capture sizes that skip max_num_seqs (16 here): vLLM has no decode graph of 24 tokens
+    (cudagraph_utils.py:325-331), so a 10-request decode batch is piecewise, not a mixed graph."""
+    monkeypatch.setattr(piecewise_config.compilation_config, "cudagraph_capture_sizes", [1, 2, 4, 8, 24, 32])
+    manager = make_manager(piecewise_config)
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _, record = _mrv2_wired(piecewise_config, manager, [builder])
+    assert _mrv2_dispatch(manager, 10, 10, decode=True, prefill=False) == (CUDAGraphMode.PIECEWISE, 24, None)
+    assert record.current is None and record.turned_away == {}  # vLLM's choice, nothing to warn about
+    assert _mrv2_dispatch(manager, 10, 20) == (CUDAGraphMode.FULL, 24, 16)  # a mixed one still replays
+
+
+def test_a_capture_that_cannot_be_staged_is_never_replayed(piecewise_config, full_cls, mrv2_manager, monkeypatch):
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+
+    def refuse(self, *args, **kwargs):
+        raise ChunkMetaError("refused for the test")
+
+    with monkeypatch.context() as m:
+        m.setattr(mixed_step.MixedStepInputs, "stage", refuse)
+        # vLLM's own capture builder would assert a decode-sized batch here: the eager build
+        captured = builder.build_for_cudagraph_capture(capture_metadata(128, 16))
+    assert not hasattr(captured, "chunkmeta_mixed") and captured.chunk_indices is not None
+    assert (128, 16) in record.refused and (128, 16) not in builder.chunkmeta_buckets
+    assert _mrv2_dispatch(mrv2_manager, 12, 100) == (CUDAGraphMode.PIECEWISE, 128, None)
+    assert _mrv2_dispatch(mrv2_manager, 3, 100) == (CUDAGraphMode.FULL, 128, 8)  # the others replay
+
+
+def test_mrv2_under_full_vllms_mixed_graphs_each_get_a_bucket_or_are_not_captured(
+    piecewise_config, full_cls, make_manager, monkeypatch
+):
+    """``cudagraph_mode=FULL`` (one routine): vLLM's own mixed descriptors, every bucket made
+    before capture; where chunkmeta cannot stage them (a builder off) they leave the capture list
+    and the candidates, and their steps run eagerly (vLLM's capture builder asserts a
+    decode-sized batch, so capturing them on vLLM's path would stop the engine's start)."""
+    monkeypatch.setattr(piecewise_config.compilation_config, "cudagraph_mode", CUDAGraphMode.FULL)
+    for active in (True, False):
+        manager = make_manager(piecewise_config, CUDAGraphMode.FULL)
+        builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+        if not active:
+            builder._chunkmeta_unsafe = "off for the test"
+        record = graph_dispatch.MixedDispatch([builder])
+        removed = graph_dispatch.keep_stageable_descs(manager, record)
+        graph_dispatch.mrv2_dispatch(manager, record)
+        shapes = {(n, min(n, MAX_NUM_SEQS)) for n in (1, 2, 4, 8, 16, 32, 64, 128)}
+        captured = {(d.num_tokens, d.num_reqs) for d in manager._capture_descs.get(CUDAGraphMode.FULL, ())}
+        if active:
+            assert removed == 0 and captured == shapes == set(builder.chunkmeta_buckets)
+            assert _mrv2_dispatch(manager, 5, 5, decode=True, prefill=False) == (CUDAGraphMode.FULL, 8, 8)
+            assert record.current == (8, 8)  # one routine: decodes replay the mixed graph, staged
+        else:
+            assert removed == len(shapes) and captured == set()
+            assert _mrv2_dispatch(manager, 3, 20)[0] == CUDAGraphMode.NONE and record.current is None

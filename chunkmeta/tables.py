@@ -198,13 +198,19 @@ def _ssd_rows(tokens: int, seqs: int, chunk_size: int, segments_per_row: int) ->
 class Mamba2:
     """vLLM's Mamba2 SSD chunk tables of the prefill slice (``reference.mamba2_chunk_metadata``):
     chunks cut on absolute positions, so each build takes the rows' computed-token counts;
-    ``checkpoints=True`` also takes each row's checkpoint offset (0 = none)."""
+    ``checkpoints=True`` also takes each row's checkpoint offset (0 = none). ``seq_idx_pad``: the
+    ``seq_idx`` of a padded layout's padding chunks (empty chunks). vLLM's SSD chunk scan reads
+    ``initial_states[seq_idx]`` of every chunk, padding ones too (ssd_chunk_scan.py:258-277), so
+    a capacity-shaped step that passes initial states pads with a row it has (its last), not -1."""
 
     chunk_size: int = 256
     checkpoints: bool = False
+    seq_idx_pad: int = -1
 
     def __attrs_post_init__(self):
         check_chunk_size(self.chunk_size)
+        if not isinstance(self.seq_idx_pad, int) or isinstance(self.seq_idx_pad, bool) or self.seq_idx_pad < -1:
+            raise ChunkMetaError(f"seq_idx_pad={self.seq_idx_pad!r}: an int, -1 or a row of the slice.")
 
     needs_computed = True
     rows = "prefill"
@@ -240,7 +246,7 @@ class Mamba2:
                 regions["last_chunk_indices"].offset,
                 ckpt,
                 seqs,
-                -1,
+                self.seq_idx_pad,
                 0,
             )
         ]

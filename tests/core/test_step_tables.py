@@ -252,6 +252,9 @@ def test_bad_specs():
             StepTablesBuilder(4, 64, tables={taken: T.Fla()}, device="cpu")
     with pytest.raises(ChunkMetaError, match="chunk_size=48"):
         T.Mamba2(chunk_size=48)
+    for bad in (-2, True, 1.0):
+        with pytest.raises(ChunkMetaError, match="seq_idx_pad"):
+            T.Mamba2(seq_idx_pad=bad)
     with pytest.raises(ChunkMetaError, match="rows='decode'"):
         T.Conv(rows="decode")
     with pytest.raises(ChunkMetaError, match="block_m=3"):
@@ -743,3 +746,17 @@ def test_tables_are_inference_tensors(backend):
             if isinstance(value, torch.Tensor)
         ]
         assert len(tensors) >= 2 * len(tables.names) and all(t.is_inference() for t in tensors)
+
+
+def test_mamba2_padding_chunks_name_the_row_asked_for():
+    """A capacity-shaped Mamba2 step (a mixed-step bucket) pads ``seq_idx`` with a row it has, so
+    that vLLM's chunk scan, which reads ``initial_states[seq_idx]`` of every chunk, stays in
+    bounds; the padding chunks stay empty (``cu_chunk_seqlens`` at the total)."""
+    q, c = torch.tensor([0, 30, 31], dtype=torch.int32), torch.tensor([5, 0], dtype=torch.int32)
+    for pad in (-1, 3):
+        builder = StepTablesBuilder(4, 128, tables={"m": T.Mamba2(chunk_size=16, seq_idx_pad=pad)}, device="cpu")
+        m = builder.build(q, q, num_computed_tokens=c, num_computed_tokens_cpu=c, padded=True)["m"]
+        real = m.num_chunks
+        # row 0: 30 tokens after 5 cached, cut on absolute positions 16 and 32; row 1: one token
+        assert m.seq_idx[:real].tolist() == [0, 0, 0, 1] and set(m.seq_idx[real:].tolist()) == {pad}
+        assert set(m.cu_chunk_seqlens[real + 1 :].tolist()) == {31}

@@ -187,7 +187,7 @@ def assert_step_tables(step, builder, qsl, first_seq, num_seqs, computed=None, c
             seq_pad = (cap_seqs - num_seqs) if padded else 0
             tokens = ref.cu_chunk_seqlens[-1]
             assert table.cu_chunk_seqlens.cpu().tolist() == ref.cu_chunk_seqlens + [tokens] * pad
-            assert table.seq_idx.cpu().tolist() == ref.seq_idx + [-1] * pad
+            assert table.seq_idx.cpu().tolist() == ref.seq_idx + [spec.seq_idx_pad] * pad
             assert table.last_chunk_indices.cpu().tolist() == ref.last_chunk_indices + [ref.num_chunks - 1] * seq_pad
             assert table.cu_chunk_seqlens.dtype == table.seq_idx.dtype == table.last_chunk_indices.dtype == torch.int32
             if ref.checkpoint_chunk_idx is None:

@@ -1,7 +1,7 @@
 """vLLM 0.33.0's own engine serving a hybrid model, with and without chunkmeta: the figures a user acts on.
 
-    python bench/vllm_engine.py --out DIR [--models qwen3_5,nemotron_h] [--methods vllm,chunkmeta,chunkmeta_graphs]
-                                [--workloads seed,short,prefix] [--budget-s S] [--engine-timeout-s S]
+    python bench/vllm_engine.py --out DIR [--models qwen3_5,nemotron_h] [--methods vllm,chunkmeta,chunkmeta_graphs,vllm]
+                                [--workloads seed,short,prefix,staggered] [--budget-s S] [--engine-timeout-s S]
     python bench/vllm_engine.py --smoke --out DIR      (CPU: the driver end to end on a stand-in engine)
 
 On a GPU machine vLLM is an installed one or the carried ``.vllm_bundle`` (``source
@@ -764,7 +764,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out")
     parser.add_argument("--models", default="qwen3_5,nemotron_h")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    # vLLM twice by default: the second process (vllm#2) is the noise every ratio stands on
+    parser.add_argument("--methods", default=",".join((*METHODS, "vllm")))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--concurrency", default="", help="concurrencies per workload, e.g. seed:1/8,short:1/8/32")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each workload; the figures are the last's")

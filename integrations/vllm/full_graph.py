@@ -7,24 +7,25 @@ graphs.
   (``graph_unsafe``: Kimi-Linear; Qwen3-Next / Qwen3.5 with the FLA-triton prefill backend; no
   speculative decoding), vLLM's own level otherwise (vLLM keeps a user's ``cudagraph_mode=FULL``
   only if every KV-cache group's builder says ``ALWAYS``: config/compilation.py:1394-1419);
-  ``build_for_cudagraph_capture`` makes one ``MixedStepInputs`` bucket per captured mixed batch
-  shape ``(num_actual_tokens, num_reqs)`` (vLLM's FULL keys pad both: gpu_model_runner.py:4047,
-  4107) without the stock decode-size assert (gdn_attn.py:799-808); ``build`` stages every batch
-  of a bucket's shape into it (one fill launch, the runner's values copied in) and hands it to
-  the layers as ``metadata.chunkmeta_mixed``.
-* Which batches are mixed captures: under ``cudagraph_mode=FULL`` (one routine) every batch, the
-  decode-only ones too, which then run the chunked path. Under ``FULL_AND_PIECEWISE`` (vLLM's
-  default) ``mixed_full_keys`` adds FULL keys for mixed batches beside vLLM's FULL decode graphs:
-  batches with a prefill replay a bucket's graph, decode-only ones keep vLLM's decode kernels
-  and capture (``FullGraphBuilderMixin._vllm_decode_routine``).
+  ``build_for_cudagraph_capture`` stages the bucket (``MixedStepInputs``) of a captured mixed
+  batch shape ``(num_actual_tokens, num_reqs)`` without the stock decode-size assert
+  (gdn_attn.py:799-808); ``build`` stages the steps vLLM's dispatch sent to a mixed graph
+  (``graph_dispatch`` records that decision) into their bucket (one fill launch, the runner's
+  values copied in) and hands it to the layers as ``metadata.chunkmeta_mixed``;
+  ``update_block_table`` gives the other KV-cache groups a view with their own state indices.
+* Which graphs are mixed: under ``cudagraph_mode=FULL`` (one routine) vLLM's own, which every
+  batch replays, decode-only ones too (they then run the chunked path). Under
+  ``FULL_AND_PIECEWISE`` (vLLM's default) the ones ``graph_dispatch`` adds beside vLLM's FULL
+  decode graphs: batches with a prefill replay a bucket's graph, decode-only ones keep vLLM's
+  decode kernels and capture (``FullGraphBuilderMixin._vllm_decode_routine``).
 * ``kimi_forward`` / ``qwen_forward_core``: ``KimiGatedDeltaNetAttention._forward`` and
   ``QwenGatedDeltaNetAttention._forward_core`` taking the graph-safe non-spec path
   (``mixed_step``) whenever their metadata carries a bucket; anything else is vLLM's own method.
 
-Steps that are not a bucket's shape (larger than every capture size, or eager runs) keep vLLM's
-path. The GEMMs, norms and the other groups' attention are vLLM's to capture: the whole model
-needs every group ``ALWAYS`` (Kimi-Linear's MLA: FlashInfer-MLA is, FlashMLA and Triton-MLA are
-not: docs/vllm.md).
+Steps dispatched elsewhere (larger than every capture size, turned away, eager runs) keep
+chunkmeta's eager tables or vLLM's path. The GEMMs, norms and the other groups' attention are
+vLLM's to capture: the whole model needs every group ``ALWAYS`` (Kimi-Linear's MLA:
+FlashInfer-MLA is, FlashMLA and Triton-MLA are not: docs/vllm.md).
 """
 
 from __future__ import annotations

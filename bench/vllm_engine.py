@@ -41,12 +41,20 @@ sys.path.insert(0, str(HERE))
 import results as runs  # noqa: E402  bench/results.py
 
 MODELS_DIR = HERE / "engine_models"
-METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs")
+METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "chunkmeta_graphs_vllm_keys")
 METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-ins
     "vllm": {"CHUNKMETA_VLLM": "0", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
     "chunkmeta": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
     "chunkmeta_graphs": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "1"},
+    # the mixed graphs at vLLM's own request capacity, min(N, max_num_seqs): what the request
+    # buckets are measured against
+    "chunkmeta_graphs_vllm_keys": {
+        "CHUNKMETA_VLLM": "1",
+        "CHUNKMETA_VLLM_FULL_GRAPH": "1",
+        "CHUNKMETA_VLLM_REQUEST_BUCKETS": "0",
+    },
 }
+DEFAULT_METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "vllm")  # vllm#2: the noise every ratio stands on
 # Workloads: input and output length ranges (per request, uniform), concurrencies, prompts per
 # unit of concurrency (at least ``min``), shared prefix tokens and prefix groups. "seed": vLLM
 # #51862's (random ISL 8192 / OSL 128). "staggered": output lengths that differ, so requests end
@@ -472,7 +480,7 @@ def child(args) -> int:
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
-    if base_method(args.method) == "chunkmeta_graphs":
+    if base_method(args.method).startswith("chunkmeta_graphs"):
         # engaged: mixed-step graphs captured (each bucket's capture staged it); the steps they
         # served are counted per run
         if not any(s.get("mixed_buckets") for b in after["builders"].values() for s in b.get("stats", [])):
@@ -602,7 +610,7 @@ def label_repeats(methods: list[str]) -> list[str]:
 
 def not_applicable(model: str, method: str) -> str | None:
     """Why a method does not apply to a model (no process is started for it), or None."""
-    if base_method(method) != "chunkmeta_graphs":
+    if not base_method(method).startswith("chunkmeta_graphs"):
         return None
     config = json.loads((MODELS_DIR / model / "config.json").read_text())
     from chunkmeta.integrations.vllm import full_graph
@@ -764,8 +772,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out")
     parser.add_argument("--models", default="qwen3_5,nemotron_h")
-    # vLLM twice by default: the second process (vllm#2) is the noise every ratio stands on
-    parser.add_argument("--methods", default=",".join((*METHODS, "vllm")))
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"of {', '.join(METHODS)}")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--concurrency", default="", help="concurrencies per workload, e.g. seed:1/8,short:1/8/32")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each workload; the figures are the last's")

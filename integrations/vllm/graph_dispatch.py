@@ -25,20 +25,27 @@ dispatched to a mixed graph, so no graph replays inputs that were not staged for
 from __future__ import annotations
 
 import functools
+import os
 from itertools import product
 
 from chunkmeta.integrations.vllm.interface import logger
 
+# "0": MRV2's mixed graphs at vLLM's own request capacity only, min(N, max_num_seqs) (fewer graphs
+# to capture, every padded row carried): the comparison the request buckets have to win
+REQUEST_BUCKETS_ENV = "CHUNKMETA_VLLM_REQUEST_BUCKETS"
 MRV2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER = "GPUModelRunner"
 SMALLEST_REQUEST_BUCKET = 8  # below it a padded row costs less than another captured graph
 
 
-def request_buckets(num_tokens: int, max_num_reqs: int) -> list[int]:
+def request_buckets(num_tokens: int, max_num_reqs: int, environ=None) -> list[int]:
     """The request capacities of the mixed graphs of ``num_tokens`` tokens, ascending: powers of
-    two from ``SMALLEST_REQUEST_BUCKET`` below vLLM's ``min(num_tokens, max_num_reqs)``, then it."""
+    two from ``SMALLEST_REQUEST_BUCKET`` below vLLM's ``min(num_tokens, max_num_reqs)``, then it
+    (it alone with ``CHUNKMETA_VLLM_REQUEST_BUCKETS=0``)."""
     top = min(num_tokens, max_num_reqs)
+    if (os.environ if environ is None else environ).get(REQUEST_BUCKETS_ENV, "1").strip() == "0":
+        return [top]
     out, r = [], SMALLEST_REQUEST_BUCKET
     while r < top:
         out.append(r)

@@ -746,3 +746,17 @@ def test_mrv2_under_full_vllms_mixed_graphs_each_get_a_bucket_or_are_not_capture
         else:
             assert removed == len(shapes) and captured == set()
             assert _mrv2_dispatch(manager, 3, 20)[0] == CUDAGraphMode.NONE and record.current is None
+
+
+def test_request_buckets_can_be_turned_off_for_vllms_keys_alone(piecewise_config, full_cls, mrv2_manager, monkeypatch):
+    """``CHUNKMETA_VLLM_REQUEST_BUCKETS=0``: the mixed graphs at vLLM's own request capacity only
+    (what the engine benchmark's ``chunkmeta_graphs_vllm_keys`` measures the buckets against)."""
+    env = graph_dispatch.REQUEST_BUCKETS_ENV
+    assert graph_dispatch.request_buckets(256, 128, environ={}) == [8, 16, 32, 64, 128]
+    assert graph_dispatch.request_buckets(256, 128, environ={env: "0"}) == [128]
+    assert graph_dispatch.request_buckets(4, 128, environ={}) == [4]
+    monkeypatch.setenv(env, "0")
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    added, _ = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    assert added == {(n, min(n, MAX_NUM_SEQS)) for n in (2, 4, 8, 16, 32, 64, 128)}
+    assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS)

@@ -214,3 +214,27 @@ def test_gdn_initial_states_are_zeroed_as_vllm_zeroes_them():
     want = ssm[bucket.state_indices.long()]
     want[~bucket.has_initial_state, ...] = 0
     assert torch.equal(seen["initial"], want) and not want[0].any() and torch.equal(want[1], ssm[1])
+
+
+def test_a_group_view_shares_the_bucket_and_keeps_its_own_state_indices():
+    """Model Runner V2's other KV-cache groups (``GroupInputs``): the staged step's tables are the
+    bucket's own tensors; the state indices are the group's, at one fixed address, padded with
+    the null block; bad input refused with nothing written."""
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    qsl, states, computed = random_step(np.random.default_rng(5), reqs_max=3)
+    bucket.stage(qsl, qsl, states, computed)
+    view = mixed_step.GroupInputs(bucket)
+    address = view.state_indices.data_ptr()
+    for theirs in (torch.tensor([7, 8, 9], dtype=torch.int32), torch.arange(REQS, dtype=torch.int32) + 40):
+        view.stage_state_indices(theirs)
+        n = theirs.shape[0]
+        assert view.state_indices.tolist() == theirs.tolist() + [mixed_step.NULL_BLOCK_ID] * (REQS - n)
+        assert view.state_indices.data_ptr() == address
+    assert view.cu_seqlens is bucket.cu_seqlens and view.conv is bucket.conv and view.staged is bucket.staged
+    assert view.has_initial_state is bucket.has_initial_state
+    assert bucket.state_indices.tolist()[: states.shape[0]] == states.tolist()  # the bucket's own, untouched
+    before = view.state_indices.clone()
+    for bad in (torch.zeros(REQS + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), torch.zeros(2, 2)):
+        with pytest.raises(ChunkMetaError, match="state_indices"):
+            view.stage_state_indices(bad)
+    assert torch.equal(view.state_indices, before)

@@ -170,7 +170,7 @@ class Mamba2Chunks:
     ``seq_idx`` int32 ``[nchunks]``, ``last_chunk_indices`` int32 ``[num_prefills]``,
     ``checkpoint_chunk_idx`` int64 ``[num_prefills]`` or None (no row has a checkpoint), host
     ``num_chunks`` and ``prep_initial_states``. Padded: capacity-shaped, chunks after
-    ``num_chunks`` are empty with ``seq_idx`` -1."""
+    ``num_chunks`` are empty with ``seq_idx`` the spec's ``seq_idx_pad`` (-1 by default)."""
 
     cu_chunk_seqlens: torch.Tensor
     seq_idx: torch.Tensor

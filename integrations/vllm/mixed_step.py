@@ -18,6 +18,8 @@ bucket of ``num_tokens`` tokens and ``num_reqs`` requests:
   as one-token sequences, as they already do there whenever a prefill is in the batch.
 * ``gdn_mixed_forward``: the same for the FLA-triton prefill of Qwen3-Next / Qwen3.5
   (``chunk_gated_delta_rule`` with the tables passed), decodes not peeled off.
+* ``Mamba2StepInputs``: a Mamba2 bucket's tables and inputs (its forward is not built yet:
+  docs/notes/issue49-mamba2.md).
 
 Padded rows never touch real state: their state index is vLLM's null block 0 (never ``-1``:
 torch indexing wraps it to the last cache line), ``has_initial_state`` False (the gather masks
@@ -41,7 +43,7 @@ import torch
 
 from chunkmeta import tables
 from chunkmeta.errors import ChunkMetaError
-from chunkmeta.integrations.vllm.tables import CONV_BLOCK_M, FLA_CHUNK_SIZE, conv_fields
+from chunkmeta.integrations.vllm.tables import CONV_BLOCK_M, FLA_CHUNK_SIZE, conv_fields, ssd_fields
 from chunkmeta.step_builder import StepTablesBuilder
 
 NULL_BLOCK_ID = 0  # vLLM's null block (v1/attention/backends/utils.py:55): padded rows' state
@@ -85,28 +87,41 @@ class MixedStepInputs:
         for name, value in (("num_tokens", num_tokens), ("num_reqs", num_reqs)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ChunkMetaError(f"{name}={value!r}: a mixed-step bucket needs a positive int.")
-        specs = {
-            "fla": tables.Fla(chunk_size, rows="batch", fresh_cu_seqlens=False),
-            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
-        }
         self.num_tokens, self.num_reqs, self.chunk_size = num_tokens, num_reqs, chunk_size
         # one ring slot: every build writes the same addresses, which is what a captured graph
         # reads (the object of a step is retired by the next build, as a graph step's is)
-        self.builder = StepTablesBuilder(num_reqs, num_tokens, tables=specs, device=device, ring_depth=1, pad="tail")
+        self.builder = StepTablesBuilder(
+            num_reqs, num_tokens, tables=self._specs(), device=device, ring_depth=1, pad="tail"
+        )
         self.device = self.builder.device
         self.state_indices = torch.full((num_reqs,), NULL_BLOCK_ID, dtype=torch.int32, device=self.device)
         self.has_initial_state = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
-        empty = torch.zeros(2, dtype=torch.int32)
-        step = self.builder.build(empty.to(self.device), empty, padded=True)  # compiles the fill, and gives the views
-        fla, conv = step["fla"], step["conv"]
-        self.cu_seqlens = fla.cu_seqlens[: num_reqs + 1]
-        self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
-        nums_dict, batch_ptr, offsets = conv_fields(conv)
+        empty, zero = torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        rows = self._rows(zero.to(self.device), num_computed_tokens_cpu=zero, checkpoint_offsets=zero.to(self.device),
+                          checkpoint_offsets_cpu=zero)  # fmt: skip
+        step = self.builder.build(empty.to(self.device), empty, padded=True, **rows)  # compiles the fill; the views
+        self._set_tables(step)
+        nums_dict, batch_ptr, offsets = conv_fields(step["conv"])
         entry = nums_dict[CONV_BLOCK_M]
         # the grid is the capacity: padding rows are PAD_SLOT_ID, on which the kernel returns
         entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
         self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
+
+    def _specs(self) -> dict:
+        return {
+            "fla": tables.Fla(self.chunk_size, rows="batch", fresh_cu_seqlens=False),
+            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
+        }
+
+    def _rows(self, num_computed_tokens, **rows) -> dict:
+        """The per-row inputs of a build beside ``query_start_loc`` (none for FLA and conv)."""
+        return {}
+
+    def _set_tables(self, step) -> None:
+        fla = step["fla"]
+        self.cu_seqlens = fla.cu_seqlens[: self.num_reqs + 1]
+        self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
 
     def fits(self, num_reqs: int, num_tokens: int) -> bool:
         return num_reqs <= self.num_reqs and num_tokens <= self.num_tokens
@@ -117,6 +132,7 @@ class MixedStepInputs:
         query_start_loc_cpu: torch.Tensor,
         state_indices: torch.Tensor,
         num_computed_tokens: torch.Tensor,
+        **rows,
     ):
         """Write one step's values before a replay (outside the graph), on the current stream:
         every check on host data first (a ``ChunkMetaError``, nothing written), then one fill of
@@ -124,7 +140,7 @@ class MixedStepInputs:
         ``has_initial_state = num_computed_tokens > 0`` (vLLM's rule, gdn_attn.py:560) written
         in place; the padded rows' entries only where the batch has fewer requests than the
         bucket (vLLM's FULL padding fills the bucket: none then). No sync, and nothing the graph
-        reads is allocated or moved."""
+        reads is allocated or moved. ``rows``: a subclass's per-row inputs (``_rows``)."""
         if (
             not isinstance(query_start_loc_cpu, torch.Tensor)
             or query_start_loc_cpu.dim() != 1
@@ -146,7 +162,10 @@ class MixedStepInputs:
                     f"{name}: a 1-D tensor of {num_reqs} entries on {self.device} (one per request), "
                     f"not {tuple(tensor.shape)} on {tensor.device}."
                 )
-        self.staged = self.builder.build(query_start_loc, query_start_loc_cpu, padded=True)  # checks, then the fill
+        # checks, then the fill
+        self.staged = self.builder.build(
+            query_start_loc, query_start_loc_cpu, padded=True, **self._rows(num_computed_tokens, **rows)
+        )
         self.state_indices[:num_reqs].copy_(state_indices, non_blocking=True)
         torch.gt(num_computed_tokens, 0, out=self.has_initial_state[:num_reqs])
         if num_reqs < self.num_reqs:
@@ -166,6 +185,103 @@ class MixedStepInputs:
         )
         with router.active(provider):
             yield
+
+
+class Mamba2StepInputs(MixedStepInputs):
+    """A Mamba2 mixed step's inputs for a bucket (``MambaMixer2``; the forward is not built yet:
+    docs/notes/issue49-mamba2.md). Every row is in the tables, decode rows as one-token
+    sequences, so that one grid serves any mix: ``ssd`` (vLLM's SSD chunk tables,
+    ``ssd_fields``, over all rows, chunks cut on absolute positions, checkpoint boundaries with
+    ``checkpoints``; padding chunks are empty and name the last row, as vLLM's chunk scan reads
+    ``initial_states[seq_idx]`` of every chunk), ``conv`` (capacity rows), ``cu_seqlens``
+    (``[num_reqs + 1]``, the engine's ``query_start_loc`` copied in, padded rows at the total),
+    ``state_indices`` / ``has_initial_state`` (as the GDN bucket's), ``decode_rows`` (bool
+    ``[num_reqs]``: the first ``num_decodes`` rows, vLLM's order) and, with ``checkpoints``,
+    ``checkpoint_offsets`` (int32 ``[num_reqs]``, 0 = none, padded 0). ``stage()`` takes the
+    computed-token counts on both sides (Mamba2 cuts chunks on absolute positions) and
+    ``num_decodes``; with ``checkpoints``, each row's checkpoint offset on both sides."""
+
+    def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False):
+        self.checkpoints = checkpoints
+        super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size)
+        rows = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
+        self._row_index = rows
+        self.decode_rows = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
+        self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
+        self.checkpoint_offsets = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
+        if checkpoints:
+            # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
+            # the bucket's is the region itself, from a build whose row has one (every step
+            # writes it: zeros past the rows, and on rows without a checkpoint)
+            qsl, one = torch.tensor([0, 2], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+            zero = torch.zeros(1, dtype=torch.int32)
+            probe = self.builder.build(
+                qsl.to(self.device),
+                qsl,
+                padded=True,
+                **self._rows(zero.to(self.device), zero, one.to(self.device), one),
+            )
+            self.checkpoint_chunk_idx = probe["ssd"].checkpoint_chunk_idx
+
+    def _specs(self) -> dict:
+        return {
+            "ssd": tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=self.num_reqs - 1),
+            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
+        }
+
+    def _rows(
+        self,
+        num_computed_tokens,
+        num_computed_tokens_cpu=None,
+        checkpoint_offsets=None,
+        checkpoint_offsets_cpu=None,
+    ) -> dict:
+        rows = dict(num_computed_tokens=num_computed_tokens, num_computed_tokens_cpu=num_computed_tokens_cpu)
+        if self.checkpoints:
+            rows.update(checkpoint_offsets=checkpoint_offsets, checkpoint_offsets_cpu=checkpoint_offsets_cpu)
+        return rows
+
+    def _set_tables(self, step) -> None:
+        self.cu_chunk_seqlens, self.seq_idx, self.last_chunk_indices, self.checkpoint_chunk_idx = ssd_fields(
+            step["ssd"]
+        )
+
+    def stage(
+        self,
+        query_start_loc,
+        query_start_loc_cpu,
+        state_indices,
+        num_computed_tokens,
+        *,
+        num_computed_tokens_cpu,
+        num_decodes: int,
+        checkpoint_offsets=None,
+        checkpoint_offsets_cpu=None,
+    ):
+        n = query_start_loc_cpu.shape[0] - 1 if isinstance(query_start_loc_cpu, torch.Tensor) else -1
+        if not isinstance(num_decodes, int) or isinstance(num_decodes, bool) or not 0 <= num_decodes <= max(n, 0):
+            raise ChunkMetaError(f"num_decodes={num_decodes!r}: an int from 0 to the batch's {n} requests.")
+        if query_start_loc.dim() != 1 or query_start_loc.shape[0] != n + 1:
+            raise ChunkMetaError(
+                f"query_start_loc: a 1-D tensor of {n + 1} entries, not {tuple(query_start_loc.shape)}."
+            )
+        staged = super().stage(
+            query_start_loc,
+            query_start_loc_cpu,
+            state_indices,
+            num_computed_tokens,
+            num_computed_tokens_cpu=num_computed_tokens_cpu,
+            checkpoint_offsets=checkpoint_offsets,
+            checkpoint_offsets_cpu=checkpoint_offsets_cpu,
+        )
+        # validated by the build: from here on nothing fails on bad input
+        self.cu_seqlens[: n + 1].copy_(query_start_loc, non_blocking=True)
+        self.cu_seqlens[n + 1 :].copy_(query_start_loc[n:].expand(self.num_reqs - n))  # padded rows: empty
+        torch.lt(self._row_index, num_decodes, out=self.decode_rows)  # a host int: no sync
+        if self.checkpoints:
+            self.checkpoint_offsets[:n].copy_(checkpoint_offsets, non_blocking=True)
+            self.checkpoint_offsets[n:].zero_()
+        return staged
 
 
 class GroupInputs:

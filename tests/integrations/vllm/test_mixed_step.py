@@ -238,3 +238,66 @@ def test_a_group_view_shares_the_bucket_and_keeps_its_own_state_indices():
         with pytest.raises(ChunkMetaError, match="state_indices"):
             view.stage_state_indices(bad)
     assert torch.equal(view.state_indices, before)
+
+
+def mamba2_step(rng, reqs_max=REQS, tokens_max=TOKENS, checkpoints=False):
+    """A vLLM-ordered Mamba2 batch: one-token decodes (a cached prefix) first, then prefills
+    with or without a cached prefix; checkpoint offsets inside the prefill rows (align mode)."""
+    n = int(rng.integers(1, reqs_max + 1))
+    decodes = int(rng.integers(0, n + 1))
+    budget = max(int(rng.integers(0, tokens_max - decodes + 1)), 0)
+    lens = [1] * decodes + list(rng.multinomial(budget, [1 / (n - decodes)] * (n - decodes)) if n > decodes else [])
+    qsl = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+    computed = [int(rng.integers(1, 300)) for _ in range(decodes)]
+    computed += [int(rng.integers(0, 2)) * int(rng.integers(0, 300)) for _ in range(n - decodes)]
+    offsets = [0] * decodes + [int(rng.integers(0, ln)) if checkpoints and ln > 1 else 0 for ln in lens[decodes:]]
+    states = torch.tensor(rng.choice(np.arange(1, 100), size=n, replace=False), dtype=torch.int32)
+    return qsl, states, torch.tensor(computed, dtype=torch.int32), decodes, torch.tensor(offsets, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints):
+    bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16, checkpoints=checkpoints)
+    tensors = [bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.last_chunk_indices, bucket.cu_seqlens,
+               bucket.state_indices, bucket.has_initial_state, bucket.decode_rows, bucket.checkpoint_offsets,
+               bucket.conv.batch_ptr]  # fmt: skip
+    fixed = [(t.shape, t.data_ptr()) for t in tensors]
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        qsl, states, computed, decodes, offsets = mamba2_step(rng, checkpoints=checkpoints)
+        n = qsl.shape[0] - 1
+        extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets) if checkpoints else {}
+        bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes, **extra)
+        assert [(t.shape, t.data_ptr()) for t in tensors] == fixed
+        ref = reference.mamba2_chunk_metadata(
+            qsl.tolist(), computed.tolist(), 16, 0, n, offsets.tolist() if checkpoints else None
+        )
+        k, pad = ref.num_chunks, bucket.seq_idx.shape[0] - ref.num_chunks
+        assert bucket.cu_chunk_seqlens.tolist() == ref.cu_chunk_seqlens + [int(qsl[-1])] * pad
+        assert bucket.seq_idx.tolist() == ref.seq_idx + [REQS - 1] * pad  # empty padding chunks, a real index
+        assert bucket.last_chunk_indices.tolist() == ref.last_chunk_indices + [k - 1] * (REQS - n)
+        if checkpoints:
+            marks = ref.checkpoint_chunk_idx or [0] * n  # None where no row has one: zeros in the bucket
+            assert bucket.checkpoint_chunk_idx.tolist() == marks + [0] * (REQS - n)
+            assert bucket.checkpoint_offsets.tolist() == offsets.tolist() + [0] * (REQS - n)
+        else:
+            assert bucket.checkpoint_chunk_idx is None
+        assert bucket.cu_seqlens.tolist() == qsl.tolist() + [int(qsl[-1])] * (REQS - n)
+        assert bucket.decode_rows.tolist() == [True] * decodes + [False] * (REQS - decodes)
+        assert bucket.state_indices.tolist() == states.tolist() + [mixed_step.NULL_BLOCK_ID] * (REQS - n)
+        assert bucket.has_initial_state.tolist() == (computed > 0).tolist() + [False] * (REQS - n)
+
+
+def test_mamba2_bad_input_is_refused_and_nothing_is_written():
+    bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16)
+    qsl, states, computed, decodes, _ = mamba2_step(np.random.default_rng(2))
+    bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes)
+    before = [t.clone() for t in (bucket.cu_seqlens, bucket.decode_rows, bucket.seq_idx, bucket.state_indices)]
+    n = qsl.shape[0] - 1
+    for num_decodes in (n + 1, -1, True):
+        with pytest.raises(ChunkMetaError, match="num_decodes"):
+            bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=num_decodes)
+    with pytest.raises(ChunkMetaError):
+        bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed[:-1], num_decodes=0)
+    after = [bucket.cu_seqlens, bucket.decode_rows, bucket.seq_idx, bucket.state_indices]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

@@ -14,12 +14,15 @@ graphs for mixed batches of every capture size ``N > 1``, beside vLLM's decode g
 * V1 (``v1/worker/gpu_model_runner.py``, deprecated): vLLM's own keys ``(N, min(N,
   max_num_seqs))`` (its dispatcher is not told the request count).
 
+Under a user's ``cudagraph_mode=FULL`` the mixed graphs are vLLM's own; each gets its bucket
+before capture, or leaves the capture list (its steps run eagerly).
+
 The decision: ``MixedDispatch`` wraps the runner's dispatch. When vLLM picks a mixed FULL graph
-(``mixed_shape``) every chunkmeta builder must be able to stage that step
-(``FullGraphBuilderMixin.cannot_stage``); if one cannot, the step takes the graph vLLM would
-take without chunkmeta's (MRV2: the next compatible candidate; V1: piecewise), one warning per
-cause, counted. The builders read the decision in ``build()``: they stage exactly the steps
-dispatched to a mixed graph, so no graph replays inputs that were not staged for it.
+(``mrv2_mixed_shape`` / ``v1_mixed_shape``) the step must be one chunkmeta can stage
+(``MixedDispatch.cannot_stage``); if not, it takes the graph vLLM would take without
+chunkmeta's (MRV2: the next compatible candidate; V1: piecewise), one warning per cause,
+counted. The builders read the decision in ``build()``: they stage exactly the steps dispatched
+to a mixed graph, so no graph replays inputs that were not staged for it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ REQUEST_BUCKETS_ENV = "CHUNKMETA_VLLM_REQUEST_BUCKETS"
 MRV2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 RUNNER = "GPUModelRunner"
-SMALLEST_REQUEST_BUCKET = 8  # below it a padded row costs less than another captured graph
+SMALLEST_REQUEST_BUCKET = 8  # below it more graphs would save a few padded rows (not measured)
 
 
 def request_buckets(num_tokens: int, max_num_reqs: int, environ=None) -> list[int]:

@@ -91,21 +91,28 @@ class MixedDispatch:
     def cannot_stage(self, shape: tuple[int, int]) -> str | None:
         """Why a step of a mixed graph of ``shape`` cannot be staged, or None. Host-only checks,
         every one a ``stage()`` would fail on for any batch of that graph."""
-        for builder in self.builders:
-            if not builder._mixed_active():
-                return "a chunkmeta builder serves no mixed step"
+        if not self._active():
+            return "a chunkmeta builder serves no mixed step"
         if shape in self.refused or not any(shape in b.chunkmeta_buckets for b in self.builders):
             return "a mixed graph captured without chunkmeta's inputs"
         return None
+
+    def _active(self) -> bool:
+        return all(b._mixed_active() for b in self.builders)
 
     def refuse(self, shape: tuple[int, int]) -> None:
         """No step goes to the mixed graph of ``shape`` (its capture could not be staged)."""
         self.refused.add(shape)
 
-    def stageable(self, shapes) -> set:
+    def stageable(self, shapes, vllm_config) -> set:
         """Of vLLM's own mixed graphs (``cudagraph_mode=FULL``), those every chunkmeta builder can
-        stage, each bucket made now (before capture): the others are to be removed."""
-        if not all(b._mixed_active() for b in self.builders):
+        stage, each bucket made now (before capture): the others are to be removed (all of them
+        with KV-sharing fast prefill, with one warning)."""
+        why = fast_prefill_refusal(vllm_config)
+        if why:
+            logger.warning("chunkmeta: no mixed-step graphs: %s", why)
+            return set()
+        if not self._active():
             return set()
         kept = set()
         for shape in shapes:
@@ -214,11 +221,7 @@ def keep_stageable_descs(manager, record: MixedDispatch) -> int:
     from vllm.config.compilation import CUDAGraphMode
 
     full = manager._capture_descs.get(CUDAGraphMode.FULL, [])
-    shapes = {shape for d in full if (shape := mrv2_mixed_shape(d)) is not None}
-    why = fast_prefill_refusal(manager.vllm_config)
-    kept = set() if why else record.stageable(shapes)
-    if why:
-        logger.warning("chunkmeta: no mixed-step graphs: %s", why)
+    kept = record.stageable({shape for d in full if (shape := mrv2_mixed_shape(d)) is not None}, manager.vllm_config)
 
     def keep(d):
         shape = mrv2_mixed_shape(d)
@@ -340,10 +343,7 @@ def keep_stageable_keys(dispatcher, vllm_config, record: MixedDispatch) -> int:
 
     keys = dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
     mixed = {key for key in keys if not key.uniform}
-    why = fast_prefill_refusal(vllm_config)
-    kept = set() if why else record.stageable({(k.num_tokens, k.num_reqs) for k in mixed})
-    if why:
-        logger.warning("chunkmeta: no mixed-step graphs: %s", why)
+    kept = record.stageable({(k.num_tokens, k.num_reqs) for k in mixed}, vllm_config)
     gone = {key for key in mixed if (key.num_tokens, key.num_reqs) not in kept}
     keys -= gone
     return len(gone)

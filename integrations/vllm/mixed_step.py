@@ -204,8 +204,7 @@ class Mamba2StepInputs(MixedStepInputs):
     def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False):
         self.checkpoints = checkpoints
         super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size)
-        rows = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
-        self._row_index = rows
+        self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
         self.decode_rows = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
         self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
         self.checkpoint_offsets = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)

@@ -18,8 +18,9 @@ bucket of ``num_tokens`` tokens and ``num_reqs`` requests:
   as one-token sequences, as they already do there whenever a prefill is in the batch.
 * ``gdn_mixed_forward``: the same for the FLA-triton prefill of Qwen3-Next / Qwen3.5
   (``chunk_gated_delta_rule`` with the tables passed), decodes not peeled off.
-* ``Mamba2StepInputs``: a Mamba2 bucket's tables and inputs (its forward is not built yet:
-  docs/notes/issue49-mamba2.md).
+* ``Mamba2StepInputs`` / ``mamba2_mixed_forward``: the same for ``MambaMixer2`` (Nemotron-H,
+  Granite-4.0-H, Falcon-H1; docs/notes/issue49-mamba2.md): one conv and one SSD over every row,
+  decodes through vLLM's ``selective_state_update`` on the bucket's first rows.
 
 Padded rows never touch real state: their state index is vLLM's null block 0 (never ``-1``:
 torch indexing wraps it to the last cache line), ``has_initial_state`` False (the gather masks
@@ -156,21 +157,15 @@ class MixedStepInputs:
                 f"a batch of {num_reqs} requests / {num_tokens} tokens is over this mixed-step bucket "
                 f"({self.num_reqs} requests, {self.num_tokens} tokens): it runs eagerly."
             )
-        for name, tensor in (("state_indices", state_indices), ("num_computed_tokens", num_computed_tokens)):
-            if tensor.dim() != 1 or tensor.shape[0] != num_reqs or tensor.device != self.device:
-                raise ChunkMetaError(
-                    f"{name}: a 1-D tensor of {num_reqs} entries on {self.device} (one per request), "
-                    f"not {tuple(tensor.shape)} on {tensor.device}."
-                )
+        _check_rows("state_indices", state_indices, num_reqs, self.device)
+        _check_rows("num_computed_tokens", num_computed_tokens, num_reqs, self.device)
         # checks, then the fill
         self.staged = self.builder.build(
             query_start_loc, query_start_loc_cpu, padded=True, **self._rows(num_computed_tokens, **rows)
         )
-        self.state_indices[:num_reqs].copy_(state_indices, non_blocking=True)
+        _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
         torch.gt(num_computed_tokens, 0, out=self.has_initial_state[:num_reqs])
-        if num_reqs < self.num_reqs:
-            self.state_indices[num_reqs:].fill_(NULL_BLOCK_ID)
-            self.has_initial_state[num_reqs:].fill_(False)
+        self.has_initial_state[num_reqs:].fill_(False)
         return self.staged
 
     @contextlib.contextmanager
@@ -188,7 +183,7 @@ class MixedStepInputs:
 
 
 class Mamba2StepInputs(MixedStepInputs):
-    """A Mamba2 mixed step's inputs for a bucket (``MambaMixer2``; the forward is not built yet:
+    """A Mamba2 mixed step's inputs for a bucket (``MambaMixer2``, ``mamba2_mixed_forward``:
     docs/notes/issue49-mamba2.md). Every row is in the tables, decode rows as one-token
     sequences, so that one grid serves any mix: ``ssd`` (vLLM's SSD chunk tables,
     ``ssd_fields``, over all rows, chunks cut on absolute positions, checkpoint boundaries with
@@ -197,9 +192,11 @@ class Mamba2StepInputs(MixedStepInputs):
     (``[num_reqs + 1]``, the engine's ``query_start_loc`` copied in, padded rows at the total),
     ``state_indices`` / ``has_initial_state`` (as the GDN bucket's), ``decode_rows`` (bool
     ``[num_reqs]``: the first ``num_decodes`` rows, vLLM's order) and, with ``checkpoints``,
-    ``checkpoint_offsets`` (int32 ``[num_reqs]``, 0 = none, padded 0). ``stage()`` takes the
-    computed-token counts on both sides (Mamba2 cuts chunks on absolute positions) and
-    ``num_decodes``; with ``checkpoints``, each row's checkpoint offset on both sides."""
+    ``checkpoint_offsets`` (int32 ``[num_reqs]``, 0 = none, padded 0) and
+    ``checkpoint_state_indices`` (each row's checkpoint block, padded with the null block).
+    ``stage()`` takes the computed-token counts on both sides (Mamba2 cuts chunks on absolute
+    positions) and ``num_decodes``; with ``checkpoints``, each row's checkpoint offset on both
+    sides and its checkpoint block."""
 
     def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False):
         self.checkpoints = checkpoints
@@ -208,6 +205,7 @@ class Mamba2StepInputs(MixedStepInputs):
         self.decode_rows = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
         self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
         self.checkpoint_offsets = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
+        self.checkpoint_state_indices = torch.full_like(self.state_indices, NULL_BLOCK_ID)
         if checkpoints:
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
             # the bucket's is the region itself, from a build whose row has one (every step
@@ -256,6 +254,7 @@ class Mamba2StepInputs(MixedStepInputs):
         num_decodes: int,
         checkpoint_offsets=None,
         checkpoint_offsets_cpu=None,
+        checkpoint_state_indices=None,
     ):
         n = query_start_loc_cpu.shape[0] - 1 if isinstance(query_start_loc_cpu, torch.Tensor) else -1
         if not isinstance(num_decodes, int) or isinstance(num_decodes, bool) or not 0 <= num_decodes <= max(n, 0):
@@ -264,6 +263,8 @@ class Mamba2StepInputs(MixedStepInputs):
             raise ChunkMetaError(
                 f"query_start_loc: a 1-D tensor of {n + 1} entries, not {tuple(query_start_loc.shape)}."
             )
+        if self.checkpoints:
+            _check_rows("checkpoint_state_indices", checkpoint_state_indices, n, self.device)
         staged = super().stage(
             query_start_loc,
             query_start_loc_cpu,
@@ -280,33 +281,67 @@ class Mamba2StepInputs(MixedStepInputs):
         if self.checkpoints:
             self.checkpoint_offsets[:n].copy_(checkpoint_offsets, non_blocking=True)
             self.checkpoint_offsets[n:].zero_()
+            _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
         return staged
+
+
+def _check_rows(name: str, tensor, rows: int, device) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1 or tensor.shape[0] != rows or tensor.device != device:
+        shape = (tuple(tensor.shape), tensor.device) if isinstance(tensor, torch.Tensor) else (type(tensor).__name__,)
+        raise ChunkMetaError(f"{name}: a 1-D tensor of {rows} entries on {device} (one per request), not {shape}.")
+
+
+def _copy_padded(dst: torch.Tensor, src: torch.Tensor, pad) -> None:
+    """``dst[:len(src)] = src``, the rest ``pad`` (the rows a batch leaves of its bucket)."""
+    rows = src.shape[0]
+    dst[:rows].copy_(src, non_blocking=True)
+    if rows < dst.shape[0]:
+        dst[rows:].fill_(pad)
 
 
 class GroupInputs:
     """Another KV-cache group's view of a bucket (Model Runner V2 builds one group's metadata and
     gives the others its batch-level fields): the bucket's tables and ``has_initial_state``,
-    this group's own ``state_indices`` at a fixed address (``stage_state_indices`` before every
-    replay, after the bucket's ``stage``)."""
+    this group's own ``state_indices`` (and a Mamba2 bucket's ``checkpoint_state_indices``) at
+    fixed addresses (``stage_state_indices`` before every replay, after the bucket's ``stage``)."""
 
     def __init__(self, bucket: MixedStepInputs):
         self.bucket = bucket
         self.state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
+        self.checkpoint_state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
 
     def __getattr__(self, name):
         return getattr(self.bucket, name)
 
-    def stage_state_indices(self, state_indices: torch.Tensor) -> None:
-        """This group's indices of the staged step's rows (vLLM pads them with the null block)."""
+    def stage_state_indices(self, state_indices: torch.Tensor, checkpoint_state_indices=None) -> None:
+        """This group's indices of the staged step's rows (vLLM pads them with the null block);
+        in a Mamba2 bucket with checkpoints, its checkpoint blocks too, one per row."""
         rows = state_indices.shape[0] if state_indices.dim() == 1 else -1
         if not 0 < rows <= self.bucket.num_reqs or state_indices.device != self.state_indices.device:
             raise ChunkMetaError(
                 f"state_indices: a 1-D tensor of at most {self.bucket.num_reqs} entries on "
                 f"{self.state_indices.device}, not {tuple(state_indices.shape)} on {state_indices.device}."
             )
-        self.state_indices[:rows].copy_(state_indices, non_blocking=True)
-        if rows < self.bucket.num_reqs:
-            self.state_indices[rows:].fill_(NULL_BLOCK_ID)
+        if getattr(self.bucket, "checkpoints", False):
+            _check_rows("checkpoint_state_indices", checkpoint_state_indices, rows, self.state_indices.device)
+            _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
+        _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
+
+
+def _conv_rows(causal_conv1d_fn, inputs: MixedStepInputs, x, weight, bias, activation, conv_state) -> torch.Tensor:
+    """vLLM's ``causal_conv1d_fn`` over every row of the bucket (``x`` ``[dim, num_tokens]``, the
+    kernel's layout), from and into each row's conv state; the output ``[num_tokens, dim]``."""
+    return causal_conv1d_fn(
+        x,
+        weight,
+        bias,
+        activation=activation,
+        conv_states=conv_state,
+        has_initial_state=inputs.has_initial_state,
+        cache_indices=inputs.state_indices,
+        query_start_loc=inputs.cu_seqlens,
+        metadata=inputs.conv,
+    ).transpose(0, 1)
 
 
 class KdaOps(NamedTuple):
@@ -343,21 +378,10 @@ def kda_mixed_forward(
         raise ChunkMetaError(f"{num_tokens} tokens in a mixed-step bucket of {inputs.num_tokens}: pad to the bucket.")
     projection = mixed_qkv.shape[1] // 3
 
-    def conv(x, weight, state):
-        return ops.causal_conv1d_fn(
-            x.transpose(0, 1),
-            weight,
-            None,
-            activation="silu",
-            conv_states=state,
-            has_initial_state=inputs.has_initial_state,
-            cache_indices=inputs.state_indices,
-            query_start_loc=inputs.cu_seqlens,
-            metadata=inputs.conv,
-        ).transpose(0, 1)
-
     q, k, v = (
-        conv(x, w, s).reshape(1, num_tokens, -1, head_dim)
+        _conv_rows(ops.causal_conv1d_fn, inputs, x.transpose(0, 1), w, None, "silu", s).reshape(
+            1, num_tokens, -1, head_dim
+        )
         for x, w, s in zip(mixed_qkv.split(projection, dim=-1), conv_weights, conv_states, strict=True)
     )
     initial_state = ops.gather_initial_states(recurrent_state, inputs.state_indices, inputs.has_initial_state)
@@ -414,17 +438,9 @@ def gdn_mixed_forward(
     num_tokens = mixed_qkv.shape[0]
     if num_tokens != inputs.num_tokens:
         raise ChunkMetaError(f"{num_tokens} tokens in a mixed-step bucket of {inputs.num_tokens}: pad to the bucket.")
-    conv_out = ops.causal_conv1d_fn(
-        mixed_qkv.transpose(0, 1),
-        conv_weight,
-        conv_bias,
-        activation=activation,
-        conv_states=conv_state,
-        has_initial_state=inputs.has_initial_state,
-        cache_indices=inputs.state_indices,
-        query_start_loc=inputs.cu_seqlens,
-        metadata=inputs.conv,
-    ).transpose(0, 1)
+    conv_out = _conv_rows(
+        ops.causal_conv1d_fn, inputs, mixed_qkv.transpose(0, 1), conv_weight, conv_bias, activation, conv_state
+    )
     q, k, v, g, beta = ops.fused_post_conv_prep(
         conv_output=conv_out,
         a=a,
@@ -457,3 +473,143 @@ def gdn_mixed_forward(
     )
     ssm_state[inputs.state_indices] = last_state.to(ssm_state.dtype)
     return out
+
+
+class Mamba2Ops(NamedTuple):
+    """vLLM's functions ``MambaMixer2.conv_ssm_forward`` calls (the platform's versions)."""
+
+    causal_conv1d_fn: object
+    mamba_chunk_scan_combined_varlen: object
+    selective_state_update: object  # bound to the layer's ``is_blackwell`` by the caller
+    store_prefill_checkpoint: object
+
+
+class _Checkpoints(NamedTuple):
+    """The two fields ``store_prefill_checkpoint`` reads of ``MambaPrefillCheckpointMetadata``."""
+
+    checkpoint_offsets: torch.Tensor
+    state_indices: torch.Tensor
+
+
+MAMBA2_DECODES = ("ssu", "ssd")
+
+
+def mamba2_mixed_forward(
+    ops: Mamba2Ops,
+    inputs: Mamba2StepInputs,
+    *,
+    hidden_states_B_C: torch.Tensor,
+    dt: torch.Tensor,
+    output: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias,
+    activation,
+    conv_state: torch.Tensor,
+    ssm_state: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    n_groups: int,
+    state_len: int,
+    decodes: str = "ssu",
+) -> None:
+    """``MambaMixer2.conv_ssm_forward``'s non-spec path over a mixed batch
+    (mamba_mixer2.py:803-1106), shapes fixed by ``inputs``' bucket: ``hidden_states_B_C``
+    ``[num_tokens, conv_dim]`` (pre-conv x, B, C), ``dt`` ``[num_tokens, num_heads]``; writes
+    ``output`` ``[num_tokens, num_heads * head_dim]`` and every real row's conv and SSM state.
+
+    One ``causal_conv1d_fn`` over every row (decodes are one-token rows) and one SSD on the
+    bucket's capacity tables. ``decodes="ssu"`` (vLLM's decode arithmetic): the decode rows run
+    vLLM's ``selective_state_update`` on the bucket's first rows, the SSD sees them as fresh rows
+    on the null block, and their outputs are merged in. ``decodes="ssd"``: one-token SSD
+    sequences (not vLLM's rounding: the note's §3). Align mode (``inputs.checkpoints``): the
+    chunk states, the checkpoint store and the final states' ``index_put``, as vLLM's path."""
+    num_tokens = inputs.num_tokens
+    if hidden_states_B_C.shape[0] != num_tokens or dt.shape[0] != num_tokens or output.shape[0] != num_tokens:
+        raise ChunkMetaError(f"a mixed step of {num_tokens} tokens: pad x, dt and output to the bucket.")
+    if decodes not in MAMBA2_DECODES:
+        raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
+    x = hidden_states_B_C.transpose(0, 1)  # the conv's layout, and the checkpoint store's input
+    conv_out = _conv_rows(ops.causal_conv1d_fn, inputs, x, conv_weight, conv_bias, activation, conv_state)
+    state_size = (conv_out.shape[1] - num_heads * head_dim) // (2 * n_groups)
+    hidden, B, C = conv_out.split([num_heads * head_dim, n_groups * state_size, n_groups * state_size], dim=-1)
+    hidden, B, C = (
+        hidden.view(num_tokens, num_heads, head_dim),
+        B.view(num_tokens, n_groups, -1),
+        C.view(num_tokens, n_groups, -1),
+    )
+    ssd_rows, has_initial = inputs.state_indices, inputs.has_initial_state
+    if decodes == "ssu":
+        # the SSD must not touch a decode row's state: its SSU reads and writes it
+        ssd_rows = torch.where(inputs.decode_rows, NULL_BLOCK_ID, ssd_rows)
+        has_initial = has_initial & ~inputs.decode_rows
+    # masked initial states are always passed (a fixed shape); vLLM's where() with a scalar 0
+    initial_states = torch.where(has_initial[:, None, None, None], ssm_state[ssd_rows], 0)
+    out = output.view(num_tokens, num_heads, head_dim)
+    chunk_states = ops.mamba_chunk_scan_combined_varlen(
+        hidden,
+        dt,
+        A,
+        B,
+        C,
+        chunk_size=inputs.chunk_size,
+        D=D,
+        z=None,
+        dt_bias=dt_bias,
+        seq_idx=inputs.seq_idx,
+        cu_seqlens=inputs.cu_seqlens,
+        cu_chunk_seqlens=inputs.cu_chunk_seqlens,
+        last_chunk_indices=inputs.last_chunk_indices,
+        initial_states=initial_states,
+        return_intermediate_states=inputs.checkpoints,
+        dt_softplus=True,
+        dt_limit=(0.0, float("inf")),
+        out=out,
+        state_dtype=ssm_state.dtype,
+        final_states_out=None if inputs.checkpoints else ssm_state,
+        final_state_indices=None if inputs.checkpoints else ssd_rows,
+    )
+    if inputs.checkpoints:
+        final_states = chunk_states[inputs.last_chunk_indices]
+        # rows of offset 0 (decodes, padding, no checkpoint) write nothing
+        ops.store_prefill_checkpoint(
+            _Checkpoints(inputs.checkpoint_offsets, inputs.checkpoint_state_indices),
+            inputs.checkpoint_chunk_idx,
+            x,
+            conv_state,
+            chunk_states,
+            ssm_state,
+            inputs.cu_seqlens,
+            state_len=state_len,
+        )
+        ssm_state[ssd_rows] = final_states
+    if decodes == "ssu":
+        _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias)
+
+
+def _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias) -> None:
+    """vLLM's decode SSU (mamba_mixer2.py:960-1106, non-spec) over the bucket's first rows: decodes
+    come first, one token each, so row i is token i. Rows past the decodes are on the null block,
+    whose state the kernel neither loads nor stores; it still writes their output rows, so it
+    writes a side buffer and the decode rows are merged into ``out``."""
+    rows = inputs.num_reqs
+    head_dim, state_size = hidden.shape[2], B.shape[2]
+    decode_state = torch.where(inputs.decode_rows, inputs.state_indices, NULL_BLOCK_ID).unsqueeze(-1)
+    ssu_out = torch.empty_like(out[:rows])
+    ops.selective_state_update(
+        ssm_state,
+        hidden[:rows],
+        dt[:rows, :, None].expand(-1, -1, head_dim),
+        A[:, None, None].expand(-1, head_dim, state_size).to(dtype=torch.float32),
+        B[:rows],
+        C[:rows],
+        D[:, None].expand(-1, head_dim),
+        dt_bias[:, None].expand(-1, head_dim),
+        dt_softplus=True,
+        state_batch_indices=decode_state,
+        dst_state_batch_indices=decode_state,
+        out=ssu_out,
+    )
+    torch.where(inputs.decode_rows[:, None, None], ssu_out, out[:rows], out=out[:rows])

@@ -266,7 +266,10 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints)
     for _ in range(60):
         qsl, states, computed, decodes, offsets = mamba2_step(rng, checkpoints=checkpoints)
         n = qsl.shape[0] - 1
-        extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets) if checkpoints else {}
+        extra = {}
+        if checkpoints:
+            extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets)
+            extra.update(checkpoint_state_indices=states + 100)
         bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes, **extra)
         assert [(t.shape, t.data_ptr()) for t in tensors] == fixed
         ref = reference.mamba2_chunk_metadata(
@@ -280,6 +283,7 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints)
             marks = ref.checkpoint_chunk_idx or [0] * n  # None where no row has one: zeros in the bucket
             assert bucket.checkpoint_chunk_idx.tolist() == marks + [0] * (REQS - n)
             assert bucket.checkpoint_offsets.tolist() == offsets.tolist() + [0] * (REQS - n)
+            assert bucket.checkpoint_state_indices.tolist() == (states + 100).tolist() + [0] * (REQS - n)
         else:
             assert bucket.checkpoint_chunk_idx is None
         assert bucket.cu_seqlens.tolist() == qsl.tolist() + [int(qsl[-1])] * (REQS - n)

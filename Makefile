@@ -152,7 +152,8 @@ test-vllm: $(VLLM_STAMP)
 	VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -p no:cacheprovider -o addopts="-ra" \
 		tests/integrations/vllm/test_vllm_real.py tests/integrations/vllm/test_vllm_reference_real.py \
 		tests/integrations/vllm/test_vllm_tables_real.py tests/integrations/vllm/test_vllm_step_loop_smoke.py \
-		tests/integrations/vllm/test_vllm_full_graph_real.py tests/integrations/vllm/test_vllm_full_graph_smoke.py
+		tests/integrations/vllm/test_vllm_full_graph_real.py tests/integrations/vllm/test_vllm_full_graph_smoke.py \
+		tests/integrations/vllm/test_vllm_mamba2_full_graph_real.py
 
 # What a new user gets: a wheel built from this checkout, installed into a fresh venv (torch
 # first, so that nothing pulls another), run from outside the checkout so that only the installed

@@ -512,22 +512,23 @@ def serves_for(base: type) -> Serves:
 def chunkmeta_builder_class(base: type, *, reuse_block_table: bool = False) -> type:
     """The chunkmeta mixin of ``base``'s family in front of ``base`` (one class per base: vLLM
     groups layers and reuses metadata by builder type); with ``CHUNKMETA_VLLM_FULL_GRAPH`` on, a
-    GDN-family builder also gets ``full_graph.FullGraphBuilderMixin``."""
+    GDN-family or Mamba2 builder also gets its family's ``full_graph.FullGraphBuilderMixin``."""
     if issubclass(base, ChunkmetaBuilderMixin):
         return base
     from chunkmeta.integrations.vllm import full_graph
     from chunkmeta.integrations.vllm.interface import is_gdn_family
 
     gdn = is_gdn_family(base)
-    full = gdn and full_graph.opted_in()  # CHUNKMETA_VLLM_FULL_GRAPH: mixed steps in FULL graphs
+    serves = serves_for(base)
+    # CHUNKMETA_VLLM_FULL_GRAPH: mixed steps in FULL graphs (GDN family, Mamba2)
+    full = (gdn or serves.ssd) and full_graph.opted_in()
     key = (base, reuse_block_table, full)
     with _CLASSES_LOCK:
         cls = _CLASSES.get(key)
         if cls is None:
-            serves = serves_for(base)
             mixins = (GdnFamilyMixin,) if gdn else (MambaFamilyMixin,)
             if full:
-                mixins = (full_graph.FullGraphBuilderMixin, *mixins)
+                mixins = ((full_graph.GdnFullGraphMixin if gdn else full_graph.Mamba2FullGraphMixin), *mixins)
 
             def body(namespace):
                 namespace.update(

@@ -32,16 +32,22 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
 from chunkmeta.integrations.vllm.mixed_step import (
+    NULL_BLOCK_ID,
     GdnOps,
     GroupInputs,
     KdaOps,
+    Mamba2Ops,
+    Mamba2StepInputs,
     MixedStepInputs,
     gdn_mixed_forward,
     kda_mixed_forward,
+    mamba2_mixed_forward,
 )
 
 FULL_GRAPH_ENV = "CHUNKMETA_VLLM_FULL_GRAPH"
@@ -63,18 +69,34 @@ QWEN_ARCHITECTURES = frozenset(
     }
 )
 FLA_TRITON = "triton"  # the one GDN prefill backend gdn_mixed_forward runs (vLLM's active backend name)
+MAMBA2_LAYER_MODULE = "vllm.model_executor.layers.mamba.mamba_mixer2"
+MAMBA2_LAYER = "MambaMixer2"
+# Models whose Mamba2 layers are MambaMixer2 (model_executor/models/registry.py:110-217)
+MAMBA2_ARCHITECTURES = frozenset(
+    {
+        "NemotronHForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "FalconH1ForCausalLM",
+        "Mamba2ForCausalLM",
+        "Zamba2ForCausalLM",
+    }
+)
+MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
 def opted_in(environ=None) -> bool:
     return plugin.opt_in(FULL_GRAPH_ENV, logger, environ=environ) is not None
 
 
-def graph_unsafe(vllm_config) -> str | None:
-    """Why a model's mixed steps cannot be captured with this module's layers, or None."""
+def graph_unsafe(vllm_config, family: str = "gdn") -> str | None:
+    """Why a model's mixed steps cannot be captured with this module's layers of ``family``
+    (``"gdn"``: KDA / GDN; ``"mamba2"``: ``MambaMixer2``), or None."""
     if getattr(vllm_config, "speculative_config", None) is not None:
         return "speculative decoding (its multi-query path is not in the graph-safe forward)"
     model = getattr(vllm_config, "model_config", None)
     architectures = set(getattr(model, "architectures", None) or ())
+    if family == "mamba2":
+        return _mamba2_unsafe(vllm_config, architectures)
     if architectures & KIMI_ARCHITECTURES:
         return None
     if architectures & QWEN_ARCHITECTURES:
@@ -90,14 +112,30 @@ def graph_unsafe(vllm_config) -> str | None:
     return f"architectures {sorted(architectures)}: no graph-safe layer for them"
 
 
+def _mamba2_unsafe(vllm_config, architectures: set) -> str | None:
+    if not architectures & MAMBA2_ARCHITECTURES:
+        return f"architectures {sorted(architectures)}: no graph-safe Mamba2 layer for them"
+    if getattr(getattr(vllm_config, "cache_config", None), "use_replayssm", False):
+        return "ReplaySSM (its ring-buffer decode is not in the graph-safe forward)"
+    backend = getattr(getattr(vllm_config, "mamba_config", None), "backend", None)
+    name = getattr(backend, "value", backend)
+    if name is not None and name != MAMBA_SSU_TRITON:
+        return f"Mamba SSU backend {name!r}: only vLLM's Triton one is in the graph-safe forward"
+    return None
+
+
 class FullGraphBuilderMixin:
-    """In front of ``GdnFamilyMixin``: the buckets of captured mixed steps and their staging."""
+    """The buckets of captured mixed steps, the dispatch record and the staging, in front of a
+    chunkmeta builder mixin; a family's subclass (``GdnFullGraphMixin``,
+    ``Mamba2FullGraphMixin``) says how a bucket is made and staged from its metadata."""
+
+    _chunkmeta_family = "gdn"
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
         from vllm.v1.attention.backend import AttentionCGSupport
 
-        if graph_unsafe(vllm_config) is not None:
+        if graph_unsafe(vllm_config, cls._chunkmeta_family) is not None:
             return super().get_cudagraph_support(vllm_config, kv_cache_spec)
         return AttentionCGSupport.ALWAYS
 
@@ -110,7 +148,7 @@ class FullGraphBuilderMixin:
         # flight (set by the runner hook; None where no hook runs)
         self._chunkmeta_dispatch = None
         self._chunkmeta_views: dict[MixedStepInputs, GroupInputs] = {}  # another group's bucket -> ours
-        self._chunkmeta_unsafe = graph_unsafe(vllm_config)
+        self._chunkmeta_unsafe = graph_unsafe(vllm_config, self._chunkmeta_family)
         if self._chunkmeta_unsafe is not None and self.chunkmeta is not None:
             logger.warning(
                 "chunkmeta: %s=1 but mixed steps stay on vLLM's path: %s", FULL_GRAPH_ENV, self._chunkmeta_unsafe
@@ -141,7 +179,7 @@ class FullGraphBuilderMixin:
             return super().build_for_cudagraph_capture(m)
         shape = (m.num_actual_tokens, m.num_reqs)
         try:
-            return self._staged_build(self.chunkmeta_bucket(*shape), (0, m, None, None, False), strict=True)
+            return self._staged_build(self.chunkmeta_bucket(*shape), self._capture_args(m), {}, strict=True)
         except Exception as exc:  # noqa: BLE001  a bucket it cannot make or stage
             # No step is ever dispatched to that graph. Its capture takes the eager build (vLLM's
             # capture builder asserts a decode-sized batch, gdn_attn.py:799-808): a graph that
@@ -156,24 +194,16 @@ class FullGraphBuilderMixin:
         """The bucket of a captured mixed batch shape, made on first use (raises where it cannot be)."""
         bucket = self.chunkmeta_buckets.get((num_tokens, num_reqs))
         if bucket is None:
-            bucket = self.chunkmeta_buckets[num_tokens, num_reqs] = MixedStepInputs(num_tokens, num_reqs, self.device)
+            bucket = self.chunkmeta_buckets[num_tokens, num_reqs] = self._new_bucket(num_tokens, num_reqs)
         return bucket
 
-    def build(
-        self,
-        common_prefix_len,
-        common_attn_metadata,
-        num_accepted_tokens=None,
-        num_decode_draft_tokens_cpu=None,
-        fast_build=False,
-    ):
-        args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
-        # the one decision: a step vLLM replays in a mixed graph is staged into its bucket, any
-        # other takes chunkmeta's eager tables (or vLLM's path)
-        bucket = self._dispatched_bucket(common_attn_metadata)
+    def _mixed_build(self, m, args: tuple, kwargs: dict):
+        """The one decision of ``build()``: a step vLLM replays in a mixed graph is staged into
+        its bucket, any other takes chunkmeta's eager tables (or vLLM's path)."""
+        bucket = self._dispatched_bucket(m)
         if bucket is None:
-            return super().build(*args)
-        return self._staged_build(bucket, args, strict=self._chunkmeta_dispatch is not None)
+            return super().build(*args, **kwargs)
+        return self._staged_build(bucket, args, kwargs, strict=self._chunkmeta_dispatch is not None)
 
     def _dispatched_bucket(self, m) -> MixedStepInputs | None:
         """The bucket of a step vLLM replays in a mixed graph, or None. With a runner hook
@@ -194,22 +224,14 @@ class FullGraphBuilderMixin:
             )
         return bucket
 
-    def _staged_build(self, bucket: MixedStepInputs, args: tuple, *, strict: bool):
+    def _staged_build(self, bucket: MixedStepInputs, args: tuple, kwargs: dict, *, strict: bool):
         """vLLM's build() with no eager tables made (the patched layers read the bucket), then
         the step staged: one fill launch. ``strict`` (a graph will replay it): a stage that fails
         raises, as no other input can be given to that graph; otherwise the step gets the eager
         tables instead, with one warning."""
-        m = args[1]
-        metadata, request = self._chunkmeta_recorded_build(*args)
+        metadata, request = self._chunkmeta_recorded_build(*args, **kwargs)
         try:
-            if getattr(metadata, "spec_sequence_masks", None) is not None:
-                raise ChunkMetaError("a step with speculative-decode rows has no graph-safe path.")
-            bucket.stage(
-                m.query_start_loc,
-                m.query_start_loc_cpu,
-                metadata.non_spec_state_indices_tensor[: m.num_reqs],
-                m.compute_num_computed_tokens(),
-            )
+            self._stage(bucket, metadata, args[1])
         except Exception as exc:
             if strict:
                 raise
@@ -232,9 +254,22 @@ class FullGraphBuilderMixin:
             view = self._chunkmeta_views.get(bucket)
             if view is None:
                 view = self._chunkmeta_views[bucket] = GroupInputs(bucket)
-            view.stage_state_indices(out.non_spec_state_indices_tensor)
+            self._stage_view(view, out)
             out.chunkmeta_mixed = view
         return out
+
+    # a family's part: its bucket, its build()'s arguments at capture, what its metadata stages
+    def _new_bucket(self, num_tokens: int, num_reqs: int) -> MixedStepInputs:
+        raise NotImplementedError
+
+    def _capture_args(self, m) -> tuple:
+        raise NotImplementedError
+
+    def _stage(self, bucket, metadata, m) -> None:
+        raise NotImplementedError
+
+    def _stage_view(self, view: GroupInputs, metadata) -> None:
+        raise NotImplementedError
 
     def _mixed_fall_back(self, exc: Exception) -> None:
         cause = f"{type(exc).__name__}: {exc}"
@@ -255,6 +290,115 @@ class FullGraphBuilderMixin:
         record = self._chunkmeta_dispatch
         stats["mixed_turned_away"] = dict(record.turned_away) if record is not None else {}
         return stats
+
+
+class GdnFullGraphMixin(FullGraphBuilderMixin):
+    """In front of ``GdnFamilyMixin`` (Kimi-Linear's KDA, Qwen3-Next / Qwen3.5's GDN)."""
+
+    def build(
+        self,
+        common_prefix_len,
+        common_attn_metadata,
+        num_accepted_tokens=None,
+        num_decode_draft_tokens_cpu=None,
+        fast_build=False,
+    ):
+        args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
+        return self._mixed_build(common_attn_metadata, args, {})
+
+    def _new_bucket(self, num_tokens, num_reqs):
+        return MixedStepInputs(num_tokens, num_reqs, self.device)
+
+    def _capture_args(self, m):
+        return (0, m, None, None, False)
+
+    def _stage(self, bucket, metadata, m):
+        if getattr(metadata, "spec_sequence_masks", None) is not None:
+            raise ChunkMetaError("a step with speculative-decode rows has no graph-safe path.")
+        bucket.stage(
+            m.query_start_loc,
+            m.query_start_loc_cpu,
+            metadata.non_spec_state_indices_tensor[: m.num_reqs],
+            m.compute_num_computed_tokens(),
+        )
+
+    def _stage_view(self, view, metadata):
+        view.stage_state_indices(metadata.non_spec_state_indices_tensor)
+
+
+class Mamba2FullGraphMixin(FullGraphBuilderMixin):
+    """In front of ``MambaFamilyMixin`` on vLLM's ``Mamba2AttentionMetadataBuilder``
+    (``MambaMixer2``: Nemotron-H, Granite-4.0-H, Falcon-H1). Align mode (prefix caching) gives
+    the buckets checkpoints: each row's checkpoint offset and block, as vLLM's builder made them."""
+
+    _chunkmeta_family = "mamba2"
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
+        return self._mixed_build(common_attn_metadata, (common_prefix_len, common_attn_metadata, fast_build), kwargs)
+
+    def _new_bucket(self, num_tokens, num_reqs):
+        align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
+        return Mamba2StepInputs(num_tokens, num_reqs, self.device, chunk_size=self.chunk_size, checkpoints=align)
+
+    def _capture_args(self, m):
+        return (0, m, False)
+
+    def _stage(self, bucket, metadata, m):
+        if getattr(metadata, "num_accepted_tokens", None) is not None:
+            raise ChunkMetaError("a step with speculative-decode rows has no graph-safe path.")
+        qsl_cpu = m.query_start_loc_cpu
+        # vLLM's own host bound, exact on every row without speculative decoding (backend.py:447-451)
+        computed_cpu = (m.seq_lens_cpu_upper_bound[: m.num_reqs] - (qsl_cpu[1:] - qsl_cpu[:-1])).to(torch.int32)
+        decodes = metadata.num_decodes
+        rows = {}
+        if bucket.checkpoints:
+            rows = self._checkpoint_rows(metadata.checkpoint_meta, decodes, m.num_reqs)
+        bucket.stage(
+            m.query_start_loc,
+            qsl_cpu,
+            _mamba2_state_rows(metadata),
+            m.compute_num_computed_tokens(),
+            num_computed_tokens_cpu=computed_cpu,
+            num_decodes=decodes,
+            **rows,
+        )
+
+    def _checkpoint_rows(self, checkpoint, decodes: int, num_reqs: int) -> dict:
+        """Every row's checkpoint offset (0 = none) and block: vLLM's are the prefill rows'
+        (checkpoint.py:74-97), None where no row has one; the decode rows ahead get 0 and the
+        null block."""
+
+        def rows(count, fill, prefills=None):
+            head = torch.full((count,), fill, dtype=torch.int32, device=self.device)
+            return head if prefills is None else torch.cat([head, prefills.to(torch.int32)])
+
+        if checkpoint is None:
+            return dict(
+                checkpoint_offsets=rows(num_reqs, 0),
+                checkpoint_offsets_cpu=torch.zeros(num_reqs, dtype=torch.int32),
+                checkpoint_state_indices=rows(num_reqs, NULL_BLOCK_ID),
+            )
+        return dict(
+            checkpoint_offsets=rows(decodes, 0, checkpoint.checkpoint_offsets),
+            checkpoint_offsets_cpu=torch.tensor([0] * decodes + list(checkpoint.offsets), dtype=torch.int32),
+            checkpoint_state_indices=rows(decodes, NULL_BLOCK_ID, checkpoint.state_indices),
+        )
+
+    def _stage_view(self, view, metadata):
+        # this group's checkpoint blocks: vLLM regathers them from its block table (mamba2_attn.py:230-244)
+        checkpoint = None
+        if view.bucket.checkpoints:
+            rows = self._checkpoint_rows(
+                metadata.checkpoint_meta, metadata.num_decodes, metadata.num_decodes + metadata.num_prefills
+            )
+            checkpoint = rows["checkpoint_state_indices"]
+        view.stage_state_indices(_mamba2_state_rows(metadata), checkpoint)
+
+
+def _mamba2_state_rows(metadata):
+    """Every row's state index in vLLM's row order: the decode rows' (their first column: no
+    speculative decoding), then the prefill rows' (padding rows included, on the null block)."""
+    return torch.cat([metadata.state_indices_tensor_d[:, 0], metadata.state_indices_tensor_p]).to(torch.int32)
 
 
 def _kimi_ops() -> KdaOps:
@@ -280,7 +424,7 @@ def _bucket_of(layer):
     metadata = get_forward_context().attn_metadata
     m = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
     bucket = getattr(m, "chunkmeta_mixed", None)
-    return None if bucket is None or m.spec_sequence_masks is not None else (m, bucket)
+    return None if bucket is None or getattr(m, "spec_sequence_masks", None) is not None else (m, bucket)
 
 
 def _conv_state(conv_state):
@@ -377,6 +521,60 @@ def qwen_forward_core(original):
     return _forward_core
 
 
+def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
+    """The functions ``MambaMixer2.conv_ssm_forward`` calls, as its module imported them (the
+    platform's versions)."""
+    from vllm.model_executor.layers.mamba import mamba_mixer2 as layer
+
+    ssu = functools.partial(layer.selective_state_update, is_blackwell=is_blackwell)
+    return Mamba2Ops(
+        layer.causal_conv1d_fn, layer.mamba_chunk_scan_combined_varlen, ssu, layer.store_prefill_checkpoint
+    )
+
+
+def mamba2_conv_ssm_forward(original):
+    """``MambaMixer2.conv_ssm_forward`` with the graph-safe mixed path (``mamba2_mixed_forward``,
+    decodes through vLLM's SSU); ``original`` is vLLM's, called for everything else. It runs
+    inside vLLM's ``mamba_mixer2`` op (a splitting op of piecewise graphs, inline in a FULL
+    capture), which looks the method up per call."""
+    ops = functools.cache(_mamba2_ops)  # resolved on the first step served, once per patch
+
+    @functools.wraps(original)
+    def conv_ssm_forward(self, projected_states, output):
+        served = _bucket_of(self)
+        if served is None:
+            return original(self, projected_states, output)
+        bucket = served[1]
+        tokens = bucket.num_tokens
+        hidden_states_B_C, dt = torch.split(
+            projected_states[:tokens, self.tped_intermediate_size :],
+            [self.tped_conv_size, self.tped_dt_size],
+            dim=-1,
+        )
+        mamba2_mixed_forward(
+            ops(self.is_blackwell),
+            bucket,
+            hidden_states_B_C=hidden_states_B_C,
+            dt=dt,
+            output=output[:tokens],
+            conv_weight=self.conv_weights,
+            conv_bias=self.conv1d.bias,
+            activation=self.activation,
+            conv_state=_conv_state(self.kv_cache[0]),
+            ssm_state=self.kv_cache[1],
+            A=self.A,
+            D=self.D,
+            dt_bias=self.dt_bias,
+            num_heads=self.num_heads // self.tp_size,
+            head_dim=self.head_dim,
+            n_groups=self.n_groups // self.tp_size,
+            state_len=self.conv_kernel_size - 1,
+        )
+
+    conv_ssm_forward.__qualname__ = f"chunkmeta.{MAMBA2_LAYER}.conv_ssm_forward"
+    return conv_ssm_forward
+
+
 def _method_wiring(patches, class_name: str, method: str, make, does: str):
     def wire(module):
         cls = getattr(module, class_name, None)
@@ -391,8 +589,8 @@ def _method_wiring(patches, class_name: str, method: str, make, does: str):
 
 def layer_wiring(patches) -> dict:
     """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward``, Qwen's
-    ``_forward_core`` and both model runners' start-up (``graph_dispatch``) patched over
-    vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    ``_forward_core``, ``MambaMixer2.conv_ssm_forward`` and both model runners' start-up
+    (``graph_dispatch``) patched over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
     from chunkmeta.integrations.vllm import graph_dispatch as gd
 
     layers = "takes the graph-safe mixed path on captured buckets"
@@ -400,6 +598,7 @@ def layer_wiring(patches) -> dict:
     return {
         KIMI_LAYER_MODULE: _method_wiring(patches, KIMI_LAYER, "_forward", kimi_forward, layers),
         QWEN_LAYER_MODULE: _method_wiring(patches, QWEN_LAYER, "_forward_core", qwen_forward_core, layers),
+        MAMBA2_LAYER_MODULE: _method_wiring(patches, MAMBA2_LAYER, "conv_ssm_forward", mamba2_conv_ssm_forward, layers),
         gd.V1_RUNNER_MODULE: _method_wiring(
             patches, gd.RUNNER, "initialize_metadata_builders", gd.v1_mixed_graphs, graphs
         ),

@@ -89,23 +89,11 @@ def full_cls(monkeypatch):
 
 
 def padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded):
-    """What vLLM's runner builds under FULL: trailing zero-length requests up to the key's request
-    count (their block is the null block 0, their seq_len 0), ``num_actual_tokens`` the bucket."""
-    pad = num_reqs_padded - len(query_lens)
-    query, context = list(query_lens) + [0] * pad, list(context_lens) + [0] * pad
-    m = vllm_real_batches.common_metadata(query, context, DEVICE)
-    m.block_table_tensor[len(query_lens) :] = mixed_step.NULL_BLOCK_ID
-    return m.replace(num_actual_tokens=num_tokens_padded, max_query_len=max(max(query), 1))
+    return vllm_real_batches.full_padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded, DEVICE)
 
 
 def capture_metadata(tokens, reqs, uniform=False):
-    """vLLM's dummy capture batch: ``tokens`` spread over ``reqs`` requests, seq_len == query_len,
-    ``max_query_len`` 1 for a uniform decode capture and ``tokens`` for a mixed one, whatever
-    the spread (gpu_model_runner.py:5519)."""
-    per, extra = divmod(tokens, reqs)
-    query = [per + (i < extra) for i in range(reqs)]
-    m = vllm_real_batches.common_metadata(query, [0] * reqs, DEVICE)
-    return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool), max_query_len=1 if uniform else tokens)
+    return vllm_real_batches.capture_metadata(tokens, reqs, DEVICE, uniform)
 
 
 def random_mixed(rng, reqs_max, tokens_max):

@@ -33,6 +33,26 @@ def common_metadata(query_lens, context_lens, device):
     )
 
 
+def full_padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded, device):
+    """What vLLM's runner builds under FULL: trailing zero-length requests up to the key's request
+    count (their block is the null block 0, their seq_len 0), ``num_actual_tokens`` the bucket."""
+    pad = num_reqs_padded - len(query_lens)
+    query, context = list(query_lens) + [0] * pad, list(context_lens) + [0] * pad
+    m = common_metadata(query, context, device)
+    m.block_table_tensor[len(query_lens) :] = 0  # vLLM's null block
+    return m.replace(num_actual_tokens=num_tokens_padded, max_query_len=max(max(query), 1))
+
+
+def capture_metadata(tokens, reqs, device, uniform=False):
+    """vLLM's dummy capture batch: ``tokens`` spread over ``reqs`` requests, seq_len == query_len,
+    ``max_query_len`` 1 for a uniform decode capture and ``tokens`` for a mixed one, whatever
+    the spread (gpu_model_runner.py:5519)."""
+    per, extra = divmod(tokens, reqs)
+    query = [per + (i < extra) for i in range(reqs)]
+    m = common_metadata(query, [0] * reqs, device)
+    return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool), max_query_len=1 if uniform else tokens)
+
+
 def _common_metadata(query_lens, context_lens, qsl, qsl_cpu, seq_lens, seq_lens_cpu, block_table, slot_mapping):
     from vllm.v1.attention.backend import CommonAttentionMetadata
 

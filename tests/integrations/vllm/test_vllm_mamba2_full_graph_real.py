@@ -1,0 +1,292 @@
+"""``CHUNKMETA_VLLM_FULL_GRAPH`` for Mamba2 hybrids: vLLM 0.33.0's ``Mamba2AttentionMetadataBuilder``
+and ``MambaMixer2`` made ready for mixed steps in FULL CUDA graphs, against the real vLLM on CPU
+(`make test-vllm`).
+
+The builder: ``ALWAYS`` for a model whose Mamba2 layers are ``MambaMixer2`` (not with speculative
+decoding, ReplaySSM or another SSU backend); a mixed capture makes a ``Mamba2StepInputs`` bucket
+where vLLM's capture builder asserts decode sizes; every step of that shape is staged into the
+same tensors with the stock builder's state indices and decode count, and the stock builder's
+SSD chunk tables on the prefill rows (vLLM's ``_compute_chunk_metadata``, decode rows one chunk
+each ahead of them); another KV-cache group's view has its own state indices; align mode stages
+checkpoint offsets and blocks; a failed stage keeps chunkmeta's eager tables. The layer:
+``conv_ssm_forward`` takes the graph-safe path for a bucket's steps, vLLM's own otherwise. The
+forward's routing: ``test_mamba2_mixed_forward.py``.
+"""
+
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import os
+import types
+
+import numpy as np
+import pytest
+import torch
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed (make test-vllm installs it)", allow_module_level=True)
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM picks its platform
+
+import vllm_real_batches
+from chunkmeta.errors import ChunkMetaError
+from chunkmeta.integrations import vllm as adapter
+from chunkmeta.integrations.vllm import full_graph, mixed_step
+
+mamba2_attn = pytest.importorskip("vllm.v1.attention.backends.mamba2_attn")
+from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.attention.backend import AttentionCGSupport
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+from vllm.v1.kv_cache_interface import MambaSpec
+
+DEVICE = torch.device("cpu")
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNK = 16, 8192, 64
+SPEC = MambaSpec(
+    block_size=16,
+    shapes=((4, 8), (2, 8, 8)),
+    dtypes=(torch.bfloat16, torch.float32),
+    mamba_type=MambaAttentionBackendEnum.MAMBA2,
+)
+LAYERS = ["model.layers.0.mixer"]
+BUCKET_TOKENS = 256
+Builder = mamba2_attn.Mamba2AttentionMetadataBuilder
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    from vllm.config import VllmConfig
+
+    def config(architecture, **kwargs):
+        hf_config = vllm_real_batches.tiny_mamba2(CHUNK)
+        hf_config.architectures = [architecture]
+        model = vllm_real_batches.model_config(hf_config, str(tmp_path_factory.mktemp(architecture)), seed=0)
+        scheduler = vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
+        made = VllmConfig(model_config=model, scheduler_config=scheduler, **kwargs)
+        made.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
+        return made
+
+    return {"mamba2": config("Mamba2ForCausalLM"), "other": config("JambaForCausalLM")}
+
+
+@pytest.fixture(autouse=True)
+def clean_install():
+    adapter.uninstall()
+    yield
+    adapter.uninstall()
+
+
+@pytest.fixture
+def full_cls(monkeypatch):
+    monkeypatch.setenv(full_graph.FULL_GRAPH_ENV, "1")
+    adapter.install(adapter.load_vllm_api())
+    return adapter.chunkmeta_builder_class(Builder, reuse_block_table=True)
+
+
+def padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded):
+    return vllm_real_batches.full_padded_metadata(query_lens, context_lens, num_reqs_padded, num_tokens_padded, DEVICE)
+
+
+def capture_metadata(tokens, reqs, uniform=False):
+    return vllm_real_batches.capture_metadata(tokens, reqs, DEVICE, uniform)
+
+
+def random_mixed(rng):
+    real = int(rng.integers(1, MAX_NUM_SEQS + 1))
+    decodes = int(rng.integers(0, real))
+    prefills = real - decodes
+    budget = int(rng.integers(real, BUCKET_TOKENS + 1)) - decodes
+    sizes = rng.multinomial(budget - prefills, [1 / prefills] * prefills) + 1
+    query = [1] * decodes + [int(s) for s in sizes]
+    context = [int(rng.integers(1, 500)) for _ in range(decodes)]
+    context += [0 if rng.random() < 0.5 else int(rng.integers(1, 500)) for _ in sizes]
+    return query, context
+
+
+def vllm_rows(metadata):
+    return torch.cat([metadata.state_indices_tensor_d[:, 0], metadata.state_indices_tensor_p]).tolist()
+
+
+def test_support_is_always_for_mamba2_mixers_only(configs, full_cls, monkeypatch, caplog):
+    assert issubclass(full_cls, full_graph.Mamba2FullGraphMixin)
+    assert full_cls.get_cudagraph_support(configs["mamba2"], SPEC) == AttentionCGSupport.ALWAYS
+    assert Builder.get_cudagraph_support(configs["mamba2"], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+    assert full_cls.get_cudagraph_support(configs["other"], SPEC) == AttentionCGSupport.UNIFORM_BATCH
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        full_cls(SPEC, LAYERS, configs["other"], DEVICE)
+    assert any("no graph-safe Mamba2 layer" in r.getMessage() for r in caplog.records)
+    config = configs["mamba2"]
+    with monkeypatch.context() as m:
+        m.setattr(config.cache_config, "use_replayssm", True)
+        assert "ReplaySSM" in full_graph.graph_unsafe(config, "mamba2")
+    with monkeypatch.context() as m:
+        m.setattr(config.mamba_config, "backend", types.SimpleNamespace(value="flashinfer"))
+        assert "'flashinfer'" in full_graph.graph_unsafe(config, "mamba2")
+    # the GDN family's rule is not the Mamba2 one
+    assert "no graph-safe layer" in full_graph.graph_unsafe(config, "gdn")
+    monkeypatch.delenv(full_graph.FULL_GRAPH_ENV)  # off: chunkmeta's eager tables alone
+    off = adapter.chunkmeta_builder_class(Builder, reuse_block_table=True)
+    assert not issubclass(off, full_graph.FullGraphBuilderMixin)
+
+
+def test_a_mixed_capture_makes_a_bucket(configs, full_cls):
+    with pytest.raises(AssertionError):
+        Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).build_for_cudagraph_capture(
+            capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)
+        )
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    assert isinstance(bucket, mixed_step.Mamba2StepInputs)
+    # prefix caching (vLLM's default) puts Mamba state in align mode: the bucket has checkpoints
+    assert bucket.checkpoints == (configs["mamba2"].cache_config.mamba_cache_mode == "align")
+    assert (bucket.num_tokens, bucket.num_reqs, bucket.chunk_size) == (BUCKET_TOKENS, MAX_NUM_SEQS, CHUNK)
+    assert builder.chunkmeta_stats()["mixed_buckets"] == [(BUCKET_TOKENS, MAX_NUM_SEQS)]
+
+
+def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    stock = Builder(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    fixed = [(t.shape, t.data_ptr()) for t in (bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.state_indices)]
+    rng = np.random.default_rng(3)
+    mixed = 0
+    for _ in range(40):
+        query, context = random_mixed(rng)
+        got = builder.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
+        want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
+        assert got.chunkmeta_mixed is bucket
+        assert [
+            (t.shape, t.data_ptr()) for t in (bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.state_indices)
+        ] == fixed
+        assert got.cu_chunk_seqlen_p is None  # no eager tables: the bucket's fill is the step's
+        d, n = want.num_decodes, MAX_NUM_SEQS
+        assert bucket.state_indices.tolist() == vllm_rows(want)
+        assert bucket.decode_rows.tolist() == [True] * d + [False] * (n - d)
+        assert (
+            bucket.cu_seqlens.tolist() == padded_metadata(query, context, n, BUCKET_TOKENS).query_start_loc_cpu.tolist()
+        )
+        assert bucket.has_initial_state.tolist() == [c > 0 for c in context] + [False] * (n - len(query))
+        if want.num_prefills and want.cu_chunk_seqlen_p is not None:
+            mixed += d > 0
+            # decode rows are one chunk each, ahead of vLLM's prefill chunks (rebased there)
+            k = want.seq_idx_p.shape[0]
+            assert bucket.cu_chunk_seqlens[: d + 1].tolist() == list(range(d + 1))
+            assert (
+                bucket.cu_chunk_seqlens[d : d + k + 1] - want.num_decode_tokens
+            ).tolist() == want.cu_chunk_seqlen_p.tolist()
+            assert (bucket.seq_idx[d : d + k] - d).tolist() == want.seq_idx_p.tolist()
+            assert (bucket.last_chunk_indices[d:n] - d).tolist() == want.last_chunk_indices_p.tolist()
+    assert mixed > 10
+    assert builder.chunkmeta_stats()["mixed_fallbacks"] == {}
+
+
+def test_another_groups_view_has_its_own_state_indices(configs, full_cls):
+    ours, other = (full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE) for _ in range(2))
+    bucket = ours.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    m = padded_metadata([1, 1, 70, 30], [9, 5, 0, 12], MAX_NUM_SEQS, BUCKET_TOKENS)
+    metadata = ours.build(0, m)
+    table = m.block_table_tensor + 1000  # another group's blocks
+    table[4:] = mixed_step.NULL_BLOCK_ID
+    view = other.update_block_table(metadata, table, m.slot_mapping).chunkmeta_mixed
+    assert isinstance(view, mixed_step.GroupInputs) and view.bucket is bucket
+    assert view.state_indices.tolist() == vllm_rows(Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).update_block_table(
+        Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).build(0, m), table, m.slot_mapping))  # fmt: skip
+    assert view.state_indices.tolist() != bucket.state_indices.tolist()
+    assert view.cu_chunk_seqlens is bucket.cu_chunk_seqlens
+
+
+def test_align_mode_stages_checkpoint_offsets_and_blocks(configs, full_cls, monkeypatch):
+    from vllm.model_executor.layers.mamba.checkpoint import MambaPrefillCheckpointMetadata
+
+    config = configs["mamba2"]
+    monkeypatch.setattr(config.cache_config, "mamba_cache_mode", "align")
+    offsets, blocks = [130, 0, 77], [41, 0, 43]  # the prefill rows' (500, 37, 200 new tokens); 0: none
+
+    def checkpoints(self, m, rows):
+        if len(rows) != len(offsets):  # the capture's batch: no checkpoint (vLLM's None)
+            return None
+        return MambaPrefillCheckpointMetadata(
+            torch.tensor(offsets, dtype=torch.int32), torch.tensor(blocks, dtype=torch.int32), offsets=offsets
+        )
+
+    builder, stock = full_cls(SPEC, LAYERS, config, DEVICE), Builder(SPEC, LAYERS, config, DEVICE)
+    for made in (builder, stock):
+        monkeypatch.setattr(made.checkpoint_builder, "build", checkpoints.__get__(made.checkpoint_builder))
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(1024, 5)).chunkmeta_mixed
+    assert bucket.checkpoints
+    query, context = [1, 1, 500, 37, 200], [40, 9, 100, 27, 64]
+    got = builder.build(0, padded_metadata(query, context, 5, 1024))
+    want = stock.build(0, padded_metadata(query, context, 5, 1024))
+    assert got.chunkmeta_mixed is bucket and want.num_decodes == 2
+    assert bucket.checkpoint_offsets.tolist() == [0, 0, *offsets]
+    assert bucket.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + blocks
+    # the chunk each checkpoint ends, as vLLM's tables name it (decode rows' chunks ahead)
+    marks = (bucket.checkpoint_chunk_idx[2:] - 2).tolist()
+    assert [mark for mark, offset in zip(marks, offsets, strict=True) if offset] == [
+        mark for mark, offset in zip(want.checkpoint_chunk_idx.tolist(), offsets, strict=True) if offset
+    ]
+    # another group's checkpoint blocks: vLLM regathers them from that group's block table
+    other = full_cls(SPEC, LAYERS, config, DEVICE)
+    regathered = dataclasses.replace(got.checkpoint_meta, state_indices=torch.tensor([51, 0, 53], dtype=torch.int32))
+    monkeypatch.setattr(type(got.checkpoint_meta), "regather_state_indices", lambda self, table: regathered)
+    m = padded_metadata(query, context, 5, 1024)
+    view = other.update_block_table(got, m.block_table_tensor, m.slot_mapping).chunkmeta_mixed
+    assert view.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + [51, 0, 53]
+    assert bucket.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + blocks
+
+
+def test_a_failed_stage_keeps_chunkmetas_eager_tables_with_one_warning(configs, full_cls, monkeypatch, caplog):
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+
+    def refuse(self, *args, **kwargs):
+        raise ChunkMetaError("refused for the test")
+
+    monkeypatch.setattr(mixed_step.Mamba2StepInputs, "stage", refuse)
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        for _ in range(3):
+            m = padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS)
+            got = builder.build(0, m)
+            want = Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).build(0, m)
+            assert not hasattr(got, "chunkmeta_mixed")
+            assert torch.equal(got.cu_chunk_seqlen_p, want.cu_chunk_seqlen_p)
+            assert torch.equal(got.seq_idx_p, want.seq_idx_p)
+    warnings = [r for r in caplog.records if "mixed step stays on vLLM's path" in r.getMessage()]
+    assert len(warnings) == 1
+    assert list(builder.chunkmeta_stats()["mixed_fallbacks"].values()) == [3]
+
+
+def test_the_mixer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cls, monkeypatch):
+    from vllm.forward_context import override_forward_context
+
+    module = importlib.import_module(full_graph.MAMBA2_LAYER_MODULE)  # wired by full_cls's install()
+    forward = getattr(module, full_graph.MAMBA2_LAYER).__dict__["conv_ssm_forward"]
+    assert forward.__qualname__ == f"chunkmeta.{full_graph.MAMBA2_LAYER}.conv_ssm_forward"
+    calls = []
+    monkeypatch.setattr(full_graph, "mamba2_mixed_forward", lambda ops, inputs, **kw: calls.append((ops, inputs, kw)))
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    heads, head_dim, groups, state = 4, 8, 2, 16
+    conv_dim = heads * head_dim + 2 * groups * state
+    layer = types.SimpleNamespace(
+        prefix=LAYERS[0], tped_intermediate_size=heads * head_dim, tped_conv_size=conv_dim, tped_dt_size=heads,
+        kv_cache=(torch.zeros(5, 3, conv_dim), torch.zeros(5, heads, head_dim, state)),
+        conv_weights=torch.zeros(conv_dim, 4), conv1d=types.SimpleNamespace(bias=None), activation="silu",
+        A=torch.zeros(heads), D=torch.zeros(heads), dt_bias=torch.zeros(heads), num_heads=heads, tp_size=1,
+        head_dim=head_dim, n_groups=groups, conv_kernel_size=4, is_blackwell=False,
+    )  # fmt: skip
+    projected = torch.randn(BUCKET_TOKENS + 8, heads * head_dim + conv_dim + heads)
+    output = torch.zeros(BUCKET_TOKENS + 8, heads * head_dim)
+    metadata = builder.build(0, padded_metadata([1, 70], [9, 0], MAX_NUM_SEQS, BUCKET_TOKENS))
+    with override_forward_context(types.SimpleNamespace(attn_metadata={layer.prefix: metadata})):
+        forward(layer, projected, output)
+    ((ops, inputs, kw),) = calls
+    assert inputs is bucket and isinstance(ops, mixed_step.Mamba2Ops)
+    assert kw["hidden_states_B_C"].shape == (BUCKET_TOKENS, conv_dim) and kw["dt"].shape == (BUCKET_TOKENS, heads)
+    assert kw["output"].shape == (BUCKET_TOKENS, heads * head_dim) and kw["state_len"] == 3
+    assert kw["conv_state"].shape[-2:] == (conv_dim, 3)  # (..., dim, width - 1), as the conv kernels take it
+    # a step with no bucket: vLLM's own method (here it stops on the stand-in layer)
+    with override_forward_context(types.SimpleNamespace(attn_metadata={layer.prefix: dataclasses.replace(metadata)})):
+        with pytest.raises(AttributeError):
+            forward(layer, projected, output)
+    assert len(calls) == 1

@@ -615,11 +615,12 @@ def not_applicable(model: str, method: str) -> str | None:
     config = json.loads((MODELS_DIR / model / "config.json").read_text())
     from chunkmeta.integrations.vllm import full_graph
 
-    if set(config.get("architectures", ())) & (full_graph.KIMI_ARCHITECTURES | full_graph.QWEN_ARCHITECTURES):
+    patched = full_graph.KIMI_ARCHITECTURES | full_graph.QWEN_ARCHITECTURES | full_graph.MAMBA2_ARCHITECTURES
+    if set(config.get("architectures", ())) & patched:
         return None
     return (
-        f"{config.get('architectures')}: the mixed-step opt-in patches GDN-family layers (Kimi-Linear, "
-        "Qwen3-Next / Qwen3.5) only; Mamba2 mixed steps in one graph are issue 49"
+        f"{config.get('architectures')}: the mixed-step opt-in patches Kimi-Linear's, Qwen3-Next / Qwen3.5's "
+        "and MambaMixer2's layers only"
     )
 
 

@@ -1,0 +1,217 @@
+"""One Mamba2 layer (Nemotron-Nano-9B-v2's mixer sizes) through vLLM's eager path and through
+chunkmeta's graph-safe mixed step, captured once in a CUDA graph and replayed: outputs and states
+compared bit for bit (issue 49's exactness, on a GPU).
+
+    python bench/vllm_mamba2_exact.py --out DIR [--batches 200] [--tokens 256] [--requests 8]
+
+Reference: vLLM 0.33.0's own ``MambaMixer2.conv_ssm_forward`` (the unpatched method, on the stock
+``Mamba2AttentionMetadataBuilder``'s metadata of each batch at its exact shape). Ours: the
+patched method on a chunkmeta builder's bucket of ``tokens`` x ``requests`` (every batch padded
+to it as vLLM's FULL keys pad: zero-length rows on the null block), the step staged by
+``build()`` and replayed under ``torch.cuda.set_sync_debug_mode("error")``. Both start every
+batch from the same conv and SSM states. Random batches: decodes, prefill chunks with and
+without a cached prefix. Mamba cache mode "none" (``--no-enable-prefix-caching``). Writes
+``DIR/mamba2_exact.json``; prints one line per verdict. Needs CUDA and vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integrations", "vllm"))
+
+# Nemotron-Nano-9B-v2's mixer (bench/engine_models/nemotron_h/config.json)
+HEADS, HEAD_DIM, GROUPS, STATE, CONV, CHUNK = 128, 80, 8, 128, 4, 128
+LAYER = "model.layers.0.mixer"
+
+
+def make_config(root: str, requests: int, tokens: int):
+    from vllm.config import CacheConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    from vllm_real_batches import model_config, scheduler_config, tiny_mamba2
+
+    model = model_config(tiny_mamba2(CHUNK), os.path.join(root, "mamba2"), max_model_len=32768)
+    scheduler = scheduler_config(max(requests, 8), max(tokens, 2048), max_model_len=32768)
+    config = VllmConfig(
+        model_config=model, scheduler_config=scheduler, cache_config=CacheConfig(enable_prefix_caching=False)
+    )
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
+    return config
+
+
+def make_layer(config, blocks: int, device, seed: int):
+    """What ``conv_ssm_forward`` reads of a ``MambaMixer2`` (no tensor parallelism), with random
+    weights, and its own conv (bfloat16) and SSM (float32) state caches."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    inner, bc = HEADS * HEAD_DIM, GROUPS * STATE
+    conv_dim = inner + 2 * bc
+
+    def randn(*shape, scale=1.0, dtype=torch.float32):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
+
+    return types.SimpleNamespace(
+        prefix=LAYER, cache_config=config.cache_config, mamba_config=config.mamba_config, num_spec=0,
+        use_replayssm=False, tp_size=1, num_heads=HEADS, head_dim=HEAD_DIM, n_groups=GROUPS, ssm_state_size=STATE,
+        conv_kernel_size=CONV, activation="silu", is_blackwell=False, tped_intermediate_size=inner,
+        tped_conv_size=conv_dim, tped_dt_size=HEADS,
+        split_hidden_states_B_C_fn=lambda t: torch.split(t, [inner, bc, bc], dim=-1),
+        conv_weights=randn(conv_dim, CONV, scale=0.5, dtype=torch.bfloat16),
+        conv1d=types.SimpleNamespace(bias=randn(conv_dim, scale=0.1, dtype=torch.bfloat16)),
+        A=-torch.exp(randn(HEADS, scale=0.5)), D=randn(HEADS), dt_bias=randn(HEADS, scale=0.5),
+        kv_cache=(conv_cache(blocks, conv_dim, device),
+                  torch.zeros(blocks, HEADS, HEAD_DIM, STATE, dtype=torch.float32, device=device)),
+    )  # fmt: skip
+
+
+def conv_cache(blocks: int, conv_dim: int, device) -> torch.Tensor:
+    """A conv state cache in vLLM's configured layout ("DS": (dim, width - 1) per block; "SD":
+    transposed, which the layer transposes back)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    shape = (blocks, conv_dim, CONV - 1) if is_conv_state_dim_first() else (blocks, CONV - 1, conv_dim)
+    return torch.zeros(shape, dtype=torch.bfloat16, device=device)
+
+
+def random_batch(rng, requests: int, tokens: int):
+    """``(query_lens, context_lens)``: decodes first (vLLM's order), then prefill chunks of at
+    least two tokens, a fresh prompt or a later chunk over a cached prefix."""
+    real = int(rng.integers(1, requests + 1))
+    prefills = int(rng.integers(1, real + 1))
+    decodes = real - prefills
+    budget = int(rng.integers(2 * prefills, tokens - decodes + 1))
+    sizes = rng.multinomial(budget - 2 * prefills, [1 / prefills] * prefills) + 2
+    query = [1] * decodes + [int(s) for s in sizes]
+    context = [int(rng.integers(16, 4000)) for _ in range(decodes)]
+    context += [0 if rng.random() < 0.4 else int(rng.integers(1, 8192)) for _ in sizes]
+    return query, context
+
+
+def run(args) -> dict:
+    from vllm.forward_context import override_forward_context
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from chunkmeta.integrations import vllm as adapter
+    from chunkmeta.integrations.vllm import full_graph
+    from vllm_real_batches import capture_metadata, common_metadata, full_padded_metadata
+
+    device = torch.device("cuda")
+    eager_forward = mamba_mixer2.MambaMixer2.conv_ssm_forward  # vLLM's, before install() patches it
+    os.environ[full_graph.FULL_GRAPH_ENV] = "1"
+    adapter.install(adapter.load_vllm_api())
+    graph_forward = mamba_mixer2.MambaMixer2.__dict__["conv_ssm_forward"]
+    assert graph_forward is not eager_forward, "install() did not patch MambaMixer2.conv_ssm_forward"
+    spec = MambaSpec(block_size=16, shapes=((CONV - 1, 1), (1, 1, 1)), dtypes=(torch.bfloat16, torch.float32),
+                     mamba_type=MambaAttentionBackendEnum.MAMBA2)  # fmt: skip
+    config = make_config(tempfile.mkdtemp(prefix="mamba2_exact_"), args.requests, args.tokens)
+    stock = Mamba2AttentionMetadataBuilder(spec, [LAYER], config, device)
+    ours = adapter.chunkmeta_builder_class(Mamba2AttentionMetadataBuilder, reuse_block_table=True)(
+        spec, [LAYER], config, device
+    )
+    # common_metadata's block table: request i's blocks from i * 64 (none mode: its first block)
+    blocks = args.requests * 64 + 1
+    ref, graph = make_layer(config, blocks, device, args.seed), make_layer(config, blocks, device, args.seed)
+    in_dim = HEADS * HEAD_DIM + graph.tped_conv_size + HEADS
+    projected = torch.zeros(args.tokens, in_dim, dtype=torch.bfloat16, device=device)
+    output = torch.zeros(args.tokens, HEADS * HEAD_DIM, dtype=torch.bfloat16, device=device)
+    rng, gen = np.random.default_rng(args.seed), torch.Generator(device=device).manual_seed(args.seed)
+
+    def forward(layer, fn, metadata, x, out):
+        with override_forward_context(types.SimpleNamespace(attn_metadata={LAYER: metadata})):
+            fn(layer, x, out)
+
+    bucket = ours.build_for_cudagraph_capture(capture_metadata(args.tokens, args.requests, device)).chunkmeta_mixed
+    # warm-up (Triton compiles and autotunes) on a staged batch, then capture on the same inputs
+    staged = ours.build(0, full_padded_metadata(*random_batch(rng, args.requests, args.tokens), args.requests,
+                                                args.tokens, device))  # fmt: skip
+    assert staged.chunkmeta_mixed is bucket
+    for _ in range(2):
+        forward(graph, graph_forward, staged, projected, output)
+    torch.cuda.synchronize()
+    pool = torch.cuda.graph_pool_handle()
+    before = torch.cuda.memory_allocated()
+    cuda_graph = torch.cuda.CUDAGraph()
+    started = time.perf_counter()
+    with torch.cuda.graph(cuda_graph, pool=pool):
+        forward(graph, graph_forward, staged, projected, output)
+    torch.cuda.synchronize()
+    capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_allocated() - before
+    verdicts = {"output_prefill": 0, "output_decode": 0, "conv_states": 0, "ssm_states": 0}
+    decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
+    for b in range(args.batches):
+        query, context = random_batch(rng, args.requests, args.tokens)
+        n, d = sum(query), sum(1 for q, c in zip(query, context, strict=True) if q == 1 and c > 0)
+        projected.copy_(torch.randn(projected.shape, generator=gen, device=device).to(projected.dtype))
+        for r, g in zip(ref.kv_cache, graph.kv_cache, strict=True):
+            r.copy_(torch.randn(r.shape, generator=gen, device=device).to(r.dtype))
+            g.copy_(r)
+        m = common_metadata(query, context, device)
+        want_out = torch.zeros(n, HEADS * HEAD_DIM, dtype=torch.bfloat16, device=device)
+        forward(ref, eager_forward, stock.build(0, m), projected[:n], want_out)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
+        try:
+            metadata = ours.build(0, full_padded_metadata(query, context, args.requests, args.tokens, device))
+            cuda_graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert metadata.chunkmeta_mixed is bucket
+        got = output[:n]
+        verdict = {
+            "output_prefill": torch.equal(got[d:], want_out[d:]),
+            "output_decode": torch.equal(got[:d], want_out[:d]),
+            "conv_states": torch.equal(graph.kv_cache[0][1:], ref.kv_cache[0][1:]),
+            "ssm_states": torch.equal(graph.kv_cache[1][1:], ref.kv_cache[1][1:]),
+        }
+        for key, ok in verdict.items():
+            verdicts[key] += ok
+        decode_rows += d
+        if d:
+            decode_max = max(decode_max, (got[:d].float() - want_out[:d].float()).abs().max().item())
+        prefill_max = max(prefill_max, (got[d:].float() - want_out[d:].float()).abs().max().item())
+        if not all(verdict.values()) and len(mismatches) < 5:
+            mismatches.append({"batch": b, "query_lens": query, "context_lens": context, **verdict})
+    return {
+        "device": torch.cuda.get_device_name(), "batches": args.batches, "tokens": args.tokens,
+        "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,
+        "max_abs_output_decode": decode_max, "max_abs_output_prefill": prefill_max, "mismatches": mismatches,
+        "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
+        "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"],
+    }  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("vllm_mamba2_exact: needs CUDA", file=sys.stderr)
+        return 2
+    result = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "mamba2_exact.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "mismatches"}))
+    for m in result["mismatches"]:
+        print("mismatch", json.dumps(m))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -203,6 +203,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("vllm_mamba2_exact: needs CUDA", file=sys.stderr)
         return 2
+    try:
+        import vllm_bootstrap  # noqa: F401  the carried .vllm_bundle (docs/gpu.md)
+    except ImportError:
+        pass
     result = run(args)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "mamba2_exact.json"), "w") as f:

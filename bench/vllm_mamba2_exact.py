@@ -116,6 +116,11 @@ def run(args) -> dict:
     spec = MambaSpec(block_size=16, shapes=((CONV - 1, 1), (1, 1, 1)), dtypes=(torch.bfloat16, torch.float32),
                      mamba_type=MambaAttentionBackendEnum.MAMBA2)  # fmt: skip
     config = make_config(tempfile.mkdtemp(prefix="mamba2_exact_"), args.requests, args.tokens)
+    # the runner does this at start-up (v1/worker/gpu/model_runner.py:743): vLLM's Triton SSU
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+
+    groups = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)])
+    initialize_mamba_ssu_backend(config.mamba_config, groups)
     stock = Mamba2AttentionMetadataBuilder(spec, [LAYER], config, device)
     ours = adapter.chunkmeta_builder_class(Mamba2AttentionMetadataBuilder, reuse_block_table=True)(
         spec, [LAYER], config, device

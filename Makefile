@@ -153,7 +153,7 @@ test-vllm: $(VLLM_STAMP)
 		tests/integrations/vllm/test_vllm_real.py tests/integrations/vllm/test_vllm_reference_real.py \
 		tests/integrations/vllm/test_vllm_tables_real.py tests/integrations/vllm/test_vllm_step_loop_smoke.py \
 		tests/integrations/vllm/test_vllm_full_graph_real.py tests/integrations/vllm/test_vllm_full_graph_smoke.py \
-		tests/integrations/vllm/test_vllm_mamba2_full_graph_real.py
+		tests/integrations/vllm/test_vllm_mamba2_full_graph_real.py tests/integrations/vllm/test_vllm_mamba2_full_graph_smoke.py
 
 # What a new user gets: a wheel built from this checkout, installed into a fresh venv (torch
 # first, so that nothing pulls another), run from outside the checkout so that only the installed

@@ -40,7 +40,9 @@ def make_config(root: str, requests: int, tokens: int):
 
     from vllm_real_batches import model_config, scheduler_config, tiny_mamba2
 
-    model = model_config(tiny_mamba2(CHUNK), os.path.join(root, "mamba2"), max_model_len=32768)
+    hf_config = tiny_mamba2(CHUNK)
+    hf_config.architectures = ["Mamba2ForCausalLM"]  # a MambaMixer2 model, as a checkpoint names it
+    model = model_config(hf_config, os.path.join(root, "mamba2"), max_model_len=32768)
     scheduler = scheduler_config(max(requests, 8), max(tokens, 2048), max_model_len=32768)
     config = VllmConfig(
         model_config=model, scheduler_config=scheduler, cache_config=CacheConfig(enable_prefix_caching=False)
@@ -96,7 +98,18 @@ def random_batch(rng, requests: int, tokens: int):
     return query, context
 
 
-def run(args) -> dict:
+def on_blocks(m):
+    """Request i's state in block i + 1 (Mamba cache mode "none" reads the first column), padding
+    rows (zero-length) on the null block 0: one state block per request slot of the bucket."""
+    real = (m.query_start_loc_cpu[1:] > m.query_start_loc_cpu[:-1]).to(m.block_table_tensor.device)
+    rows = torch.arange(1, m.num_reqs + 1, dtype=m.block_table_tensor.dtype, device=m.block_table_tensor.device)
+    m.block_table_tensor[:, 0] = torch.where(real, rows, 0)
+    return m
+
+
+def run(args, device=None) -> dict:
+    """The comparison; ``device`` CPU (a dry run of the plumbing, with kernels a caller swapped
+    in): every batch through the forward itself, no graph."""
     from vllm.forward_context import override_forward_context
     from vllm.model_executor.layers.mamba import mamba_mixer2
     from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
@@ -107,7 +120,8 @@ def run(args) -> dict:
     from chunkmeta.integrations.vllm import full_graph
     from vllm_real_batches import capture_metadata, common_metadata, full_padded_metadata
 
-    device = torch.device("cuda")
+    device = device or torch.device("cuda")
+    cuda = device.type == "cuda"
     eager_forward = mamba_mixer2.MambaMixer2.conv_ssm_forward  # vLLM's, before install() patches it
     os.environ[full_graph.FULL_GRAPH_ENV] = "1"
     adapter.install(adapter.load_vllm_api())
@@ -125,8 +139,7 @@ def run(args) -> dict:
     ours = adapter.chunkmeta_builder_class(Mamba2AttentionMetadataBuilder, reuse_block_table=True)(
         spec, [LAYER], config, device
     )
-    # common_metadata's block table: request i's blocks from i * 64 (none mode: its first block)
-    blocks = args.requests * 64 + 1
+    blocks = args.requests + 1  # the null block 0, then request i's state in block i + 1
     ref, graph = make_layer(config, blocks, device, args.seed), make_layer(config, blocks, device, args.seed)
     in_dim = HEADS * HEAD_DIM + graph.tped_conv_size + HEADS
     projected = torch.zeros(args.tokens, in_dim, dtype=torch.bfloat16, device=device)
@@ -139,20 +152,21 @@ def run(args) -> dict:
 
     bucket = ours.build_for_cudagraph_capture(capture_metadata(args.tokens, args.requests, device)).chunkmeta_mixed
     # warm-up (Triton compiles and autotunes) on a staged batch, then capture on the same inputs
-    staged = ours.build(0, full_padded_metadata(*random_batch(rng, args.requests, args.tokens), args.requests,
-                                                args.tokens, device))  # fmt: skip
+    staged = ours.build(0, on_blocks(full_padded_metadata(*random_batch(rng, args.requests, args.tokens),
+                                                          args.requests, args.tokens, device)))  # fmt: skip
     assert staged.chunkmeta_mixed is bucket
     for _ in range(2):
         forward(graph, graph_forward, staged, projected, output)
-    torch.cuda.synchronize()
-    pool = torch.cuda.graph_pool_handle()
-    before = torch.cuda.memory_allocated()
-    cuda_graph = torch.cuda.CUDAGraph()
-    started = time.perf_counter()
-    with torch.cuda.graph(cuda_graph, pool=pool):
-        forward(graph, graph_forward, staged, projected, output)
-    torch.cuda.synchronize()
-    capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_allocated() - before
+    capture_s = pool_bytes = None
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        cuda_graph = torch.cuda.CUDAGraph()
+        started = time.perf_counter()
+        with torch.cuda.graph(cuda_graph, pool=torch.cuda.graph_pool_handle()):
+            forward(graph, graph_forward, staged, projected, output)
+        torch.cuda.synchronize()
+        capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_allocated() - before
     verdicts = {"output_prefill": 0, "output_decode": 0, "conv_states": 0, "ssm_states": 0}
     decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
     for b in range(args.batches):
@@ -162,16 +176,21 @@ def run(args) -> dict:
         for r, g in zip(ref.kv_cache, graph.kv_cache, strict=True):
             r.copy_(torch.randn(r.shape, generator=gen, device=device).to(r.dtype))
             g.copy_(r)
-        m = common_metadata(query, context, device)
+        m = on_blocks(common_metadata(query, context, device))
         want_out = torch.zeros(n, HEADS * HEAD_DIM, dtype=torch.bfloat16, device=device)
         forward(ref, eager_forward, stock.build(0, m), projected[:n], want_out)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
-        try:
-            metadata = ours.build(0, full_padded_metadata(query, context, args.requests, args.tokens, device))
-            cuda_graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        padded = on_blocks(full_padded_metadata(query, context, args.requests, args.tokens, device))
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
+            try:
+                metadata = ours.build(0, padded)
+                cuda_graph.replay()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        else:
+            metadata = ours.build(0, padded)
+            forward(graph, graph_forward, metadata, projected, output)
         assert metadata.chunkmeta_mixed is bucket
         got = output[:n]
         verdict = {
@@ -189,8 +208,8 @@ def run(args) -> dict:
         if not all(verdict.values()) and len(mismatches) < 5:
             mismatches.append({"batch": b, "query_lens": query, "context_lens": context, **verdict})
     return {
-        "device": torch.cuda.get_device_name(), "batches": args.batches, "tokens": args.tokens,
-        "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,
+        "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "batches": args.batches,
+        "tokens": args.tokens, "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,
         "max_abs_output_decode": decode_max, "max_abs_output_prefill": prefill_max, "mismatches": mismatches,
         "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
         "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"],

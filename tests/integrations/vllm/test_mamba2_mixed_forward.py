@@ -25,14 +25,16 @@ PAD_SLOT_ID = -1
 
 
 def conv_row(window, xs, weight, bias):
-    """One row's causal conv and SiLU from its ``WIDTH - 1`` previous inputs; the new window."""
-    full = torch.cat([window, xs], dim=-1)
-    out = F.silu(F.conv1d(full[None], weight[:, None], bias, groups=DIM)[0])
-    return out, full[:, -(WIDTH - 1) :]
+    """One row's causal conv and SiLU from its ``WIDTH - 1`` previous inputs (in float32); the
+    output in the input's dtype, the new window in the state's."""
+    full = torch.cat([window.float(), xs.float()], dim=-1)
+    out = F.silu(F.conv1d(full[None], weight.float()[:, None], None if bias is None else bias.float(), groups=DIM)[0])
+    return out.to(xs.dtype), full[:, -(WIDTH - 1) :].to(window.dtype)
 
 
 def ssm_token(h, x, dt, B, C, A, D, dt_bias):
-    """One token of Mamba2's recurrence: the state ``[H, P, N]`` and the output ``[H, P]``."""
+    """One token of Mamba2's recurrence (in float32): the state ``[H, P, N]`` and the output ``[H, P]``."""
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
     d = F.softplus(dt + dt_bias)
     Bh, Ch = (t.repeat_interleave(HEADS // GROUPS, 0) for t in (B, C))
     h = h * torch.exp(d * A)[:, None, None] + (d[:, None] * x)[:, :, None] * Bh[:, None, :]
@@ -54,11 +56,13 @@ def plain_conv(x, weight, bias, *, activation, conv_states, has_initial_state, c
 
 def plain_ssd(x, dt, A, B, C, *, chunk_size, D, z, dt_bias, seq_idx, cu_seqlens, cu_chunk_seqlens,
               last_chunk_indices, initial_states, return_intermediate_states, dt_softplus, dt_limit, out,
-              state_dtype, final_states_out, final_state_indices):  # fmt: skip
+              state_dtype, final_states_out=None, final_state_indices=None):  # fmt: skip
     """vLLM's SSD contract, chunk by chunk from the tables: a chunk whose ``seq_idx`` differs from
-    the previous one's starts from ``initial_states[seq_idx]``; a sequence's final state is its
-    last chunk's (its initial state when it has no chunk)."""
+    the previous one's starts from ``initial_states[seq_idx]`` (zeros without them); a sequence's
+    final state is its last chunk's (its initial state when it has no chunk)."""
     assert z is None and dt_softplus and dt_limit == (0.0, float("inf")) and chunk_size == CHUNK
+    if initial_states is None:
+        initial_states = torch.zeros(cu_seqlens.shape[0] - 1, HEADS, HEAD_DIM, STATE)
     states = torch.zeros(seq_idx.shape[0], HEADS, HEAD_DIM, STATE)
     h = None
     for c in range(seq_idx.shape[0]):

@@ -75,6 +75,7 @@ MAMBA2_LAYER = "MambaMixer2"
 MAMBA2_ARCHITECTURES = frozenset(
     {
         "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
         "GraniteMoeHybridForCausalLM",
         "FalconH1ForCausalLM",
         "Mamba2ForCausalLM",
@@ -332,6 +333,15 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
     the buckets checkpoints: each row's checkpoint offset and block, as vLLM's builder made them."""
 
     _chunkmeta_family = "mamba2"
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device, *args, **kwargs)
+        if self._mixed_active() and not getattr(vllm_config, "use_v2_model_runner", False):
+            # V1 captures each KV-cache group on its own builder (its own buckets) but reuses
+            # group 1's metadata for the others at run time (gpu_model_runner.py:2446-2460): their
+            # graphs would replay their never-restaged buckets. vLLM's GDN builder turns the
+            # reuse off on V1 for the same reason (gdn_attn.py:182-190).
+            self.supports_update_block_table = False
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
         return self._mixed_build(common_attn_metadata, (common_prefix_len, common_attn_metadata, fast_build), kwargs)

@@ -210,7 +210,8 @@ class Mamba2StepInputs(MixedStepInputs):
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
             # the bucket's is the region itself, from a build whose row has one (every step
             # writes it: zeros past the rows, and on rows without a checkpoint)
-            qsl, one = torch.tensor([0, 2], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+            # (one token, its checkpoint at its end: a bucket of one token has room for it)
+            qsl, one = torch.tensor([0, 1], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
             zero = torch.zeros(1, dtype=torch.int32)
             probe = self.builder.build(
                 qsl.to(self.device),

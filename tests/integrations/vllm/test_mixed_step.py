@@ -292,6 +292,17 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints)
         assert bucket.has_initial_state.tolist() == (computed > 0).tolist() + [False] * (REQS - n)
 
 
+def test_mamba2_align_mode_bucket_of_one_token():
+    """vLLM's smallest FULL key (1 token, 1 request) has a bucket in align mode too."""
+    bucket = mixed_step.Mamba2StepInputs(1, 1, "cpu", chunk_size=16, checkpoints=True)
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    row = torch.ones(1, dtype=torch.int32)
+    none = row * 0
+    bucket.stage(one, one, row * 7, row * 40, num_computed_tokens_cpu=row * 40, num_decodes=1,
+                 checkpoint_offsets=none, checkpoint_offsets_cpu=none, checkpoint_state_indices=none)  # fmt: skip
+    assert bucket.decode_rows.tolist() == [True] and bucket.state_indices.tolist() == [7]
+
+
 def test_mamba2_bad_input_is_refused_and_nothing_is_written():
     bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16)
     qsl, states, computed, decodes, _ = mamba2_step(np.random.default_rng(2))

@@ -180,6 +180,16 @@ def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
     assert builder.chunkmeta_stats()["mixed_fallbacks"] == {}
 
 
+def test_v1_builds_every_group_itself(configs, full_cls):
+    """V1 captures each KV-cache group on its own builder (its own buckets): reusing group 1's
+    metadata would leave the others' graphs on never-restaged buckets (MRV2 reuses at capture
+    too: the view below)."""
+    config = configs["mamba2"]
+    assert not config.use_v2_model_runner  # vllm_real_batches drives V1
+    assert Builder(SPEC, LAYERS, config, DEVICE).supports_update_block_table  # vLLM's own: reuse
+    assert not full_cls(SPEC, LAYERS, config, DEVICE).supports_update_block_table
+
+
 def test_another_groups_view_has_its_own_state_indices(configs, full_cls):
     ours, other = (full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE) for _ in range(2))
     bucket = ours.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed

@@ -96,18 +96,6 @@ def capture_metadata(tokens, reqs, uniform=False):
     return vllm_real_batches.capture_metadata(tokens, reqs, DEVICE, uniform)
 
 
-def random_mixed(rng, reqs_max, tokens_max):
-    real = int(rng.integers(1, reqs_max + 1))
-    decodes = int(rng.integers(0, real))
-    prefills = real - decodes
-    budget = int(rng.integers(decodes + prefills, tokens_max + 1)) - decodes
-    sizes = rng.multinomial(budget - prefills, [1 / prefills] * prefills) + 1
-    query = [1] * decodes + [int(s) for s in sizes]
-    context = [int(rng.integers(1, 500)) for _ in range(decodes)]
-    context += [0 if rng.random() < 0.5 else int(rng.integers(1, 500)) for _ in sizes]
-    return query, context
-
-
 def test_off_by_default(configs, monkeypatch):
     monkeypatch.delenv(full_graph.FULL_GRAPH_ENV, raising=False)
     cls = adapter.chunkmeta_builder_class(gdn_attn.GDNAttentionMetadataBuilder, reuse_block_table=True)
@@ -227,7 +215,7 @@ def test_steps_of_a_bucket_stage_fixed_tensors_with_the_stock_values(configs, fu
     rng = np.random.default_rng(7)
     prefill_steps = 0
     for _ in range(40):
-        query, context = random_mixed(rng, MAX_NUM_SEQS, BUCKET_TOKENS)
+        query, context = vllm_real_batches.random_mixed(rng, MAX_NUM_SEQS, BUCKET_TOKENS)
         m = padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS)
         got = builder.build(0, m)
         want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))

@@ -91,18 +91,6 @@ def capture_metadata(tokens, reqs, uniform=False):
     return vllm_real_batches.capture_metadata(tokens, reqs, DEVICE, uniform)
 
 
-def random_mixed(rng):
-    real = int(rng.integers(1, MAX_NUM_SEQS + 1))
-    decodes = int(rng.integers(0, real))
-    prefills = real - decodes
-    budget = int(rng.integers(real, BUCKET_TOKENS + 1)) - decodes
-    sizes = rng.multinomial(budget - prefills, [1 / prefills] * prefills) + 1
-    query = [1] * decodes + [int(s) for s in sizes]
-    context = [int(rng.integers(1, 500)) for _ in range(decodes)]
-    context += [0 if rng.random() < 0.5 else int(rng.integers(1, 500)) for _ in sizes]
-    return query, context
-
-
 def vllm_rows(metadata):
     return torch.cat([metadata.state_indices_tensor_d[:, 0], metadata.state_indices_tensor_p]).tolist()
 
@@ -151,7 +139,7 @@ def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
     rng = np.random.default_rng(3)
     mixed = 0
     for _ in range(40):
-        query, context = random_mixed(rng)
+        query, context = vllm_real_batches.random_mixed(rng, MAX_NUM_SEQS, BUCKET_TOKENS)
         got = builder.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
         want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
         assert got.chunkmeta_mixed is bucket

@@ -53,6 +53,20 @@ def capture_metadata(tokens, reqs, device, uniform=False):
     return m.replace(is_prefilling=torch.zeros(reqs, dtype=torch.bool), max_query_len=1 if uniform else tokens)
 
 
+def random_mixed(rng, reqs_max, tokens_max):
+    """``(query_lens, context_lens)`` of a mixed batch in vLLM's order: one-token decodes over a
+    cached prefix, then prefill chunks of at least one token, fresh or over a cached prefix."""
+    real = int(rng.integers(1, reqs_max + 1))
+    decodes = int(rng.integers(0, real))
+    prefills = real - decodes
+    budget = int(rng.integers(decodes + prefills, tokens_max + 1)) - decodes
+    sizes = rng.multinomial(budget - prefills, [1 / prefills] * prefills) + 1
+    query = [1] * decodes + [int(s) for s in sizes]
+    context = [int(rng.integers(1, 500)) for _ in range(decodes)]
+    context += [0 if rng.random() < 0.5 else int(rng.integers(1, 500)) for _ in sizes]
+    return query, context
+
+
 def _common_metadata(query_lens, context_lens, qsl, qsl_cpu, seq_lens, seq_lens_cpu, block_table, slot_mapping):
     from vllm.v1.attention.backend import CommonAttentionMetadata
 

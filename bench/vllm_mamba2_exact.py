@@ -124,6 +124,7 @@ def run(args, device=None) -> dict:
     cuda = device.type == "cuda"
     eager_forward = mamba_mixer2.MambaMixer2.conv_ssm_forward  # vLLM's, before install() patches it
     os.environ[full_graph.FULL_GRAPH_ENV] = "1"
+    os.environ[full_graph.MAMBA2_DECODES_ENV] = args.decodes  # read when install() patches the layer
     adapter.install(adapter.load_vllm_api())
     graph_forward = mamba_mixer2.MambaMixer2.__dict__["conv_ssm_forward"]
     assert graph_forward is not eager_forward, "install() did not patch MambaMixer2.conv_ssm_forward"
@@ -212,7 +213,7 @@ def run(args, device=None) -> dict:
         "tokens": args.tokens, "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,
         "max_abs_output_decode": decode_max, "max_abs_output_prefill": prefill_max, "mismatches": mismatches,
         "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
-        "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"],
+        "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"], "decodes": args.decodes,
     }  # fmt: skip
 
 
@@ -223,6 +224,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--decodes", default="ssu", choices=("ssu", "ssd"),
+        help="decode rows through vLLM's SSU (default) or as one-token SSD rows (not vLLM's arithmetic)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("vllm_mamba2_exact: needs CUDA", file=sys.stderr)

@@ -31,6 +31,7 @@ FlashInfer-MLA is, FlashMLA and Triton-MLA are not: docs/vllm.md).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -38,6 +39,7 @@ from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import plugin
 from chunkmeta.integrations.vllm.interface import ENV_VAR, logger
 from chunkmeta.integrations.vllm.mixed_step import (
+    MAMBA2_DECODES,
     NULL_BLOCK_ID,
     GdnOps,
     GroupInputs,
@@ -82,6 +84,7 @@ MAMBA2_ARCHITECTURES = frozenset(
         "Zamba2ForCausalLM",
     }
 )
+MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's decodes ("ssu", "ssd")
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
@@ -544,10 +547,17 @@ def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
 
 def mamba2_conv_ssm_forward(original):
     """``MambaMixer2.conv_ssm_forward`` with the graph-safe mixed path (``mamba2_mixed_forward``,
-    decodes through vLLM's SSU); ``original`` is vLLM's, called for everything else. It runs
-    inside vLLM's ``mamba_mixer2`` op (a splitting op of piecewise graphs, inline in a FULL
-    capture), which looks the method up per call."""
+    decodes through vLLM's SSU; ``CHUNKMETA_VLLM_MAMBA2_DECODES=ssd`` runs them as one-token SSD
+    rows instead, for a measurement: not vLLM's decode arithmetic); ``original`` is vLLM's,
+    called for everything else. It runs inside vLLM's ``mamba_mixer2`` op (a splitting op of
+    piecewise graphs, inline in a FULL capture), which looks the method up per call."""
     ops = functools.cache(_mamba2_ops)  # resolved on the first step served, once per patch
+    decodes = os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])
+    if decodes not in MAMBA2_DECODES:
+        logger.warning(
+            "chunkmeta: %s=%r is not one of %s: %r", MAMBA2_DECODES_ENV, decodes, MAMBA2_DECODES, MAMBA2_DECODES[0]
+        )
+        decodes = MAMBA2_DECODES[0]
 
     @functools.wraps(original)
     def conv_ssm_forward(self, projected_states, output):
@@ -579,6 +589,7 @@ def mamba2_conv_ssm_forward(original):
             head_dim=self.head_dim,
             n_groups=self.n_groups // self.tp_size,
             state_len=self.conv_kernel_size - 1,
+            decodes=decodes,
         )
 
     conv_ssm_forward.__qualname__ = f"chunkmeta.{MAMBA2_LAYER}.conv_ssm_forward"

@@ -39,9 +39,13 @@ def conv_update(x, conv_state, weight, bias, activation, conv_state_indices, num
     return out
 
 
+SSU_ROWS = []  # the row count of every SSU call (the bucket's: REQS; vLLM's: its decode rows)
+
+
 def ssu(state, x, dt, A, B, C, D, dt_bias, *, dt_softplus, state_batch_indices, dst_state_batch_indices, out,
         num_accepted_tokens=None, cu_seqlens=None, is_blackwell=False):  # fmt: skip
     assert num_accepted_tokens is None and cu_seqlens is None
+    SSU_ROWS.append(x.shape[0])
     plain.plain_ssu(state, x, dt, A, B, C, D, dt_bias, dt_softplus=dt_softplus,
                     state_batch_indices=state_batch_indices, dst_state_batch_indices=dst_state_batch_indices,
                     out=out)  # fmt: skip
@@ -70,10 +74,17 @@ def plain_kernels(monkeypatch):
     adapter.uninstall()
 
 
-def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(plain_kernels, monkeypatch, tmp_path):
-    monkeypatch.delenv("CHUNKMETA_VLLM_FULL_GRAPH", raising=False)  # the script sets it
-    args = types.SimpleNamespace(batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path))
+@pytest.mark.parametrize("decodes", ["ssu", "ssd"])  # (the plain kernels share one recurrence: both exact)
+def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(plain_kernels, monkeypatch, tmp_path, decodes):
+    for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES"):
+        monkeypatch.delenv(name, raising=False)  # the script sets them
+    args = types.SimpleNamespace(
+        batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes
+    )
+    SSU_ROWS.clear()
     result = exact.run(args, torch.device("cpu"))
+    # the bucket's SSU over all its rows ran for "ssu" only (vLLM's batches have fewer decodes)
+    assert (plain.REQS in SSU_ROWS) == (decodes == "ssu")
     assert result["decode_rows"] > 10 and result["mismatches"] == []
     assert result["identical_batches"] == dict.fromkeys(
         ("output_prefill", "output_decode", "conv_states", "ssm_states"), 24

@@ -201,10 +201,11 @@ class FullGraphBuilderMixin:
             bucket = self.chunkmeta_buckets[num_tokens, num_reqs] = self._new_bucket(num_tokens, num_reqs)
         return bucket
 
-    def _mixed_build(self, m, args: tuple, kwargs: dict):
-        """The one decision of ``build()``: a step vLLM replays in a mixed graph is staged into
-        its bucket, any other takes chunkmeta's eager tables (or vLLM's path)."""
-        bucket = self._dispatched_bucket(m)
+    def _mixed_build(self, args: tuple, kwargs: dict):
+        """The one decision of ``build()`` (``args``: its positional arguments, the common
+        metadata second): a step vLLM replays in a mixed graph is staged into its bucket, any
+        other takes chunkmeta's eager tables (or vLLM's path)."""
+        bucket = self._dispatched_bucket(args[1])
         if bucket is None:
             return super().build(*args, **kwargs)
         return self._staged_build(bucket, args, kwargs, strict=self._chunkmeta_dispatch is not None)
@@ -308,7 +309,7 @@ class GdnFullGraphMixin(FullGraphBuilderMixin):
         fast_build=False,
     ):
         args = (common_prefix_len, common_attn_metadata, num_accepted_tokens, num_decode_draft_tokens_cpu, fast_build)
-        return self._mixed_build(common_attn_metadata, args, {})
+        return self._mixed_build(args, {})
 
     def _new_bucket(self, num_tokens, num_reqs):
         return MixedStepInputs(num_tokens, num_reqs, self.device)
@@ -347,7 +348,7 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             self.supports_update_block_table = False
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False, **kwargs):
-        return self._mixed_build(common_attn_metadata, (common_prefix_len, common_attn_metadata, fast_build), kwargs)
+        return self._mixed_build((common_prefix_len, common_attn_metadata, fast_build), kwargs)
 
     def _new_bucket(self, num_tokens, num_reqs):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
@@ -380,31 +381,36 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
         """Every row's checkpoint offset (0 = none) and block: vLLM's are the prefill rows'
         (checkpoint.py:74-97), None where no row has one; the decode rows ahead get 0 and the
         null block."""
-
-        def rows(count, fill, prefills=None):
-            head = torch.full((count,), fill, dtype=torch.int32, device=self.device)
-            return head if prefills is None else torch.cat([head, prefills.to(torch.int32)])
-
         if checkpoint is None:
             return dict(
-                checkpoint_offsets=rows(num_reqs, 0),
+                checkpoint_offsets=self._after_rows(num_reqs, 0),
                 checkpoint_offsets_cpu=torch.zeros(num_reqs, dtype=torch.int32),
-                checkpoint_state_indices=rows(num_reqs, NULL_BLOCK_ID),
+                checkpoint_state_indices=self._after_rows(num_reqs, NULL_BLOCK_ID),
             )
         return dict(
-            checkpoint_offsets=rows(decodes, 0, checkpoint.checkpoint_offsets),
+            checkpoint_offsets=self._after_rows(decodes, 0, checkpoint.checkpoint_offsets),
             checkpoint_offsets_cpu=torch.tensor([0] * decodes + list(checkpoint.offsets), dtype=torch.int32),
-            checkpoint_state_indices=rows(decodes, NULL_BLOCK_ID, checkpoint.state_indices),
+            checkpoint_state_indices=self._checkpoint_blocks(checkpoint, decodes, num_reqs),
         )
+
+    def _checkpoint_blocks(self, checkpoint, decodes: int, num_reqs: int):
+        """Every row's checkpoint block: the decode rows (and every row, where no row has a
+        checkpoint) on the null block."""
+        if checkpoint is None:
+            return self._after_rows(num_reqs, NULL_BLOCK_ID)
+        return self._after_rows(decodes, NULL_BLOCK_ID, checkpoint.state_indices)
+
+    def _after_rows(self, count: int, fill: int, prefills=None):
+        """``count`` rows of ``fill`` (int32, on the device), then ``prefills``' values if given."""
+        head = torch.full((count,), fill, dtype=torch.int32, device=self.device)
+        return head if prefills is None else torch.cat([head, prefills.to(torch.int32)])
 
     def _stage_view(self, view, metadata):
         # this group's checkpoint blocks: vLLM regathers them from its block table (mamba2_attn.py:230-244)
         checkpoint = None
         if view.bucket.checkpoints:
-            rows = self._checkpoint_rows(
-                metadata.checkpoint_meta, metadata.num_decodes, metadata.num_decodes + metadata.num_prefills
-            )
-            checkpoint = rows["checkpoint_state_indices"]
+            rows = metadata.num_decodes + metadata.num_prefills
+            checkpoint = self._checkpoint_blocks(metadata.checkpoint_meta, metadata.num_decodes, rows)
         view.stage_state_indices(_mamba2_state_rows(metadata), checkpoint)
 
 

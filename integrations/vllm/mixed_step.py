@@ -280,8 +280,7 @@ class Mamba2StepInputs(MixedStepInputs):
         self.cu_seqlens[n + 1 :].copy_(query_start_loc[n:].expand(self.num_reqs - n))  # padded rows: empty
         torch.lt(self._row_index, num_decodes, out=self.decode_rows)  # a host int: no sync
         if self.checkpoints:
-            self.checkpoint_offsets[:n].copy_(checkpoint_offsets, non_blocking=True)
-            self.checkpoint_offsets[n:].zero_()
+            _copy_padded(self.checkpoint_offsets, checkpoint_offsets, 0)
             _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
         return staged
 

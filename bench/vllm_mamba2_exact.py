@@ -2,7 +2,7 @@
 chunkmeta's graph-safe mixed step, captured once in a CUDA graph and replayed: outputs and states
 compared bit for bit (issue 49's exactness, on a GPU).
 
-    python bench/vllm_mamba2_exact.py --out DIR [--batches 200] [--tokens 256] [--requests 8]
+    python bench/vllm_mamba2_exact.py --out DIR [--batches 200] [--tokens 256] [--requests 8] [--timed 50]
 
 Reference: vLLM 0.33.0's own ``MambaMixer2.conv_ssm_forward`` (the unpatched method, on the stock
 ``Mamba2AttentionMetadataBuilder``'s metadata of each batch at its exact shape). Ours: the
@@ -10,7 +10,9 @@ patched method on a chunkmeta builder's bucket of ``tokens`` x ``requests`` (eve
 to it as vLLM's FULL keys pad: zero-length rows on the null block), the step staged by
 ``build()`` and replayed under ``torch.cuda.set_sync_debug_mode("error")``. Both start every
 batch from the same conv and SSM states. Random batches: decodes, prefill chunks with and
-without a cached prefix. Mamba cache mode "none" (``--no-enable-prefix-caching``). Writes
+without a cached prefix. Mamba cache mode "none" (``--no-enable-prefix-caching``). The last
+``timed`` batches also time one layer's step on each side (a one-layer harness figure: what a
+bucket's padded rows and chunks cost against vLLM's host work, not a serving figure). Writes
 ``DIR/mamba2_exact.json``; prints one line per verdict. Needs CUDA and vLLM.
 """
 
@@ -170,6 +172,7 @@ def run(args, device=None) -> dict:
         capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_allocated() - before
     verdicts = {"output_prefill": 0, "output_decode": 0, "conv_states": 0, "ssm_states": 0}
     decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
+    timings = {"vllm_eager_us": [], "chunkmeta_graph_us": []}
     for b in range(args.batches):
         query, context = random_batch(rng, args.requests, args.tokens)
         n, d = sum(query), sum(1 for q, c in zip(query, context, strict=True) if q == 1 and c > 0)
@@ -208,13 +211,30 @@ def run(args, device=None) -> dict:
         prefill_max = max(prefill_max, (got[d:].float() - want_out[d:].float()).abs().max().item())
         if not all(verdict.values()) and len(mismatches) < 5:
             mismatches.append({"batch": b, "query_lens": query, "context_lens": context, **verdict})
+        if cuda and b >= args.batches - args.timed:
+            # one layer's step, each side synchronized: vLLM's build + eager forward against
+            # chunkmeta's stage + replay (a one-layer harness figure, not an engine one)
+            timings["vllm_eager_us"].append(_timed(lambda: forward(ref, eager_forward, stock.build(0, m),
+                                                                   projected[:n], want_out)))  # fmt: skip
+            timings["chunkmeta_graph_us"].append(_timed(lambda: (ours.build(0, padded), cuda_graph.replay())))
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "batches": args.batches,
         "tokens": args.tokens, "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,
         "max_abs_output_decode": decode_max, "max_abs_output_prefill": prefill_max, "mismatches": mismatches,
         "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
         "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"], "decodes": args.decodes,
+        "timed_batches": len(timings["vllm_eager_us"]),
+        **{f"median_{k}": float(np.median(v)) for k, v in timings.items() if v},
     }  # fmt: skip
+
+
+def _timed(step) -> float:
+    """Wall µs of one call, from an idle device to its work done."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e6
 
 
 def main(argv=None) -> int:
@@ -224,6 +244,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timed", type=int, default=50, help="the last TIMED batches are also timed, each side")
     parser.add_argument(
         "--decodes", default="ssu", choices=("ssu", "ssd"),
         help="decode rows through vLLM's SSU (default) or as one-token SSD rows (not vLLM's arithmetic)",

@@ -79,7 +79,7 @@ def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(plain_kerne
     for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES"):
         monkeypatch.delenv(name, raising=False)  # the script sets them
     args = types.SimpleNamespace(
-        batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes
+        batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes, timed=0
     )
     SSU_ROWS.clear()
     result = exact.run(args, torch.device("cpu"))

@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     args = parser.parse_args()
     rec = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    rec["api"] = hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")
+    rec["api"] = hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node") and hasattr(
+        torch.cuda.CUDAGraph, "get_currently_capturing_graph"
+    )
     if rec["api"]:
         dev = torch.device("cuda")
         x = torch.randn(args.numel, device=dev)
@@ -73,12 +75,14 @@ def main() -> None:
         ladder = torch.cuda.CUDAGraph()
         with torch.cuda.graph(ladder):
             torch.eq(torch.arange(args.levels, device=dev), level, out=preds)
+            capturing = torch.cuda.CUDAGraph.get_currently_capturing_graph()  # what a layer sees
+            rec["capturing_graph_found"] = capturing is ladder
             for k in range(args.levels):
-                ladder.begin_capture_to_if_node(preds[k])
+                capturing.begin_capture_to_if_node(preds[k])
                 try:
                     _body(x, y, args.kernels, float(k + 1))
                 finally:
-                    ladder.end_capture_to_conditional_node()
+                    capturing.end_capture_to_conditional_node()
 
         ok = True
         torch.cuda.set_sync_debug_mode("error")

@@ -85,6 +85,9 @@ MAMBA2_ARCHITECTURES = frozenset(
     }
 )
 MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's decodes ("ssu", "ssd")
+# "0": a Mamba2 bucket's SSD runs at its chunk capacity on every step (no IF-node levels), the
+# comparison the levels have to win
+SSD_LEVELS_ENV = "CHUNKMETA_VLLM_SSD_LEVELS"
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
@@ -352,7 +355,10 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
 
     def _new_bucket(self, num_tokens, num_reqs):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
-        return Mamba2StepInputs(num_tokens, num_reqs, self.device, chunk_size=self.chunk_size, checkpoints=align)
+        levels = os.environ.get(SSD_LEVELS_ENV, "1").strip() != "0"
+        return Mamba2StepInputs(
+            num_tokens, num_reqs, self.device, chunk_size=self.chunk_size, checkpoints=align, levels=levels
+        )
 
     def _capture_args(self, m):
         return (0, m, False)

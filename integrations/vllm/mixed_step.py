@@ -182,6 +182,19 @@ class MixedStepInputs:
             yield
 
 
+SMALLEST_SSD_LEVEL = 8  # chunks
+
+
+def ssd_levels(capacity: int) -> tuple[int, ...]:
+    """A bucket's SSD levels: chunk counts, powers of two from ``SMALLEST_SSD_LEVEL`` below its
+    chunk ``capacity``, then it. A step runs the SSD on the smallest level that holds its chunks."""
+    levels, chunks = [], SMALLEST_SSD_LEVEL
+    while chunks < capacity:
+        levels.append(chunks)
+        chunks *= 2
+    return (*levels, capacity)
+
+
 class Mamba2StepInputs(MixedStepInputs):
     """A Mamba2 mixed step's inputs for a bucket (``MambaMixer2``, ``mamba2_mixed_forward``:
     docs/notes/issue49-mamba2.md). Every row is in the tables, decode rows as one-token
@@ -198,7 +211,9 @@ class Mamba2StepInputs(MixedStepInputs):
     positions) and ``num_decodes``; with ``checkpoints``, each row's checkpoint offset on both
     sides and its checkpoint block."""
 
-    def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False):
+    def __init__(
+        self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False, levels: bool = True
+    ):
         self.checkpoints = checkpoints
         super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size)
         self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
@@ -206,6 +221,11 @@ class Mamba2StepInputs(MixedStepInputs):
         self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
         self.checkpoint_offsets = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
         self.checkpoint_state_indices = torch.full_like(self.state_indices, NULL_BLOCK_ID)
+        capacity = self.seq_idx.shape[0]
+        self.ssd_levels = ssd_levels(capacity) if levels else (capacity,)
+        self._level_index = torch.arange(len(self.ssd_levels), device=self.device)
+        self.ssd_level_taken = self._level_index == len(self.ssd_levels) - 1
+        self.staged_ssd_level = len(self.ssd_levels) - 1
         if checkpoints:
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
             # the bucket's is the region itself, from a build whose row has one (every step
@@ -222,8 +242,9 @@ class Mamba2StepInputs(MixedStepInputs):
             self.checkpoint_chunk_idx = probe["ssd"].checkpoint_chunk_idx
 
     def _specs(self) -> dict:
+        self.ssd_spec = tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=self.num_reqs - 1)
         return {
-            "ssd": tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=self.num_reqs - 1),
+            "ssd": self.ssd_spec,
             "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
         }
 
@@ -279,6 +300,11 @@ class Mamba2StepInputs(MixedStepInputs):
         self.cu_seqlens[: n + 1].copy_(query_start_loc, non_blocking=True)
         self.cu_seqlens[n + 1 :].copy_(query_start_loc[n:].expand(self.num_reqs - n))  # padded rows: empty
         torch.lt(self._row_index, num_decodes, out=self.decode_rows)  # a host int: no sync
+        # the smallest SSD level whose chunks bound this step's (the tables' own bound, at the
+        # step's rows and tokens: host ints), taken on the device by the graph's IF nodes
+        bound = self.ssd_spec.entry_rows(n, int(query_start_loc_cpu[-1]))[0]
+        self.staged_ssd_level = next((k for k, c in enumerate(self.ssd_levels) if c >= bound), len(self.ssd_levels) - 1)
+        torch.eq(self._level_index, self.staged_ssd_level, out=self.ssd_level_taken)
         if self.checkpoints:
             _copy_padded(self.checkpoint_offsets, checkpoint_offsets, 0)
             _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
@@ -548,45 +574,77 @@ def mamba2_mixed_forward(
     # masked initial states are always passed (a fixed shape); vLLM's where() with a scalar 0
     initial_states = torch.where(has_initial[:, None, None, None], ssm_state[ssd_rows], 0)
     out = output.view(num_tokens, num_heads, head_dim)
-    chunk_states = ops.mamba_chunk_scan_combined_varlen(
-        hidden,
-        dt,
-        A,
-        B,
-        C,
-        chunk_size=inputs.chunk_size,
-        D=D,
-        z=None,
-        dt_bias=dt_bias,
-        seq_idx=inputs.seq_idx,
-        cu_seqlens=inputs.cu_seqlens,
-        cu_chunk_seqlens=inputs.cu_chunk_seqlens,
-        last_chunk_indices=inputs.last_chunk_indices,
-        initial_states=initial_states,
-        return_intermediate_states=inputs.checkpoints,
-        dt_softplus=True,
-        dt_limit=(0.0, float("inf")),
-        out=out,
-        state_dtype=ssm_state.dtype,
-        final_states_out=None if inputs.checkpoints else ssm_state,
-        final_state_indices=None if inputs.checkpoints else ssd_rows,
-    )
-    if inputs.checkpoints:
-        final_states = chunk_states[inputs.last_chunk_indices]
-        # rows of offset 0 (decodes, padding, no checkpoint) write nothing
-        ops.store_prefill_checkpoint(
-            _Checkpoints(inputs.checkpoint_offsets, inputs.checkpoint_state_indices),
-            inputs.checkpoint_chunk_idx,
-            x,
-            conv_state,
-            chunk_states,
-            ssm_state,
-            inputs.cu_seqlens,
-            state_len=state_len,
+
+    def ssd(chunks: int) -> None:
+        # the first `chunks` chunks hold every real one (the level's bound); the kernels' grids
+        # are sized by the slices, so the bucket's other padding chunks cost nothing
+        chunk_states = ops.mamba_chunk_scan_combined_varlen(
+            hidden,
+            dt,
+            A,
+            B,
+            C,
+            chunk_size=inputs.chunk_size,
+            D=D,
+            z=None,
+            dt_bias=dt_bias,
+            seq_idx=inputs.seq_idx[:chunks],
+            cu_seqlens=inputs.cu_seqlens,
+            cu_chunk_seqlens=inputs.cu_chunk_seqlens[: chunks + 1],
+            last_chunk_indices=inputs.last_chunk_indices,
+            initial_states=initial_states,
+            return_intermediate_states=inputs.checkpoints,
+            dt_softplus=True,
+            dt_limit=(0.0, float("inf")),
+            out=out,
+            state_dtype=ssm_state.dtype,
+            final_states_out=None if inputs.checkpoints else ssm_state,
+            final_state_indices=None if inputs.checkpoints else ssd_rows,
         )
-        ssm_state[ssd_rows] = final_states
+        if inputs.checkpoints:
+            final_states = chunk_states[inputs.last_chunk_indices]
+            # rows of offset 0 (decodes, padding, no checkpoint) write nothing
+            ops.store_prefill_checkpoint(
+                _Checkpoints(inputs.checkpoint_offsets, inputs.checkpoint_state_indices),
+                inputs.checkpoint_chunk_idx,
+                x,
+                conv_state,
+                chunk_states,
+                ssm_state,
+                inputs.cu_seqlens,
+                state_len=state_len,
+            )
+            ssm_state[ssd_rows] = final_states
+
+    _by_ssd_level(inputs, ssd)
     if decodes == "ssu":
         _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias)
+
+
+def _by_ssd_level(inputs: Mamba2StepInputs, ssd) -> None:
+    """``ssd(chunks)`` at the staged step's SSD level. Inside a CUDA graph capture, every level
+    in a graph IF node on ``inputs.ssd_level_taken`` (each replay runs the one its stage chose),
+    or the bucket's capacity where this torch has no IF nodes; eagerly, the staged level."""
+    levels = inputs.ssd_levels
+    capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    graph = _capturing_graph() if capturing and len(levels) > 1 else None
+    if graph is None:
+        ssd(levels[-1] if capturing else levels[inputs.staged_ssd_level])
+        return
+    for k, chunks in enumerate(levels):
+        graph.begin_capture_to_if_node(inputs.ssd_level_taken[k])
+        try:
+            ssd(chunks)
+        finally:
+            graph.end_capture_to_conditional_node()
+
+
+def _capturing_graph():
+    """The ``torch.cuda.CUDAGraph`` being captured, where this torch captures IF nodes into it."""
+    graph_cls = torch.cuda.CUDAGraph
+    if not hasattr(graph_cls, "begin_capture_to_if_node") or not hasattr(graph_cls, "get_currently_capturing_graph"):
+        return None
+    return graph_cls.get_currently_capturing_graph()
 
 
 def _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias) -> None:

@@ -173,6 +173,8 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
     gen, rng = torch.Generator().manual_seed(5), np.random.default_rng(7)
     weights = layer(gen)
     bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, checkpoints=checkpoints)
+    assert len(bucket.ssd_levels) >= 3  # (8, 16, ..., capacity): the SSD runs on sliced tables
+    levels_run = set()
     for _ in range(25):
         batch = qsl, slots, computed, num_decodes, offsets, checkpoint_slots = random_batch(rng, checkpoints)
         extra = {}
@@ -194,9 +196,22 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
         )  # fmt: skip
         real = int(qsl[-1])
         assert torch.equal(output[:real], want[:real])
+        level = bucket.staged_ssd_level
+        levels_run.add(level)
+        # the staged level holds every real chunk (a smaller one would leave outputs NaN above)
+        assert int(bucket.last_chunk_indices[qsl.shape[0] - 2]) < bucket.ssd_levels[level]
+        assert bucket.ssd_level_taken.tolist() == [k == level for k in range(len(bucket.ssd_levels))]
         # every cache line but the null block: the real rows' and checkpoints' as vLLM's, others untouched
         assert torch.equal(conv_state[1:], want_conv[1:])
         assert torch.equal(ssm_state[1:], want_ssm[1:])
+    assert len(levels_run) >= 2
+
+
+def test_ssd_levels_are_powers_of_two_up_to_the_capacity():
+    assert mixed_step.ssd_levels(5) == (5,) and mixed_step.ssd_levels(8) == (8,)
+    assert mixed_step.ssd_levels(23) == (8, 16, 23) and mixed_step.ssd_levels(64) == (8, 16, 32, 64)
+    one = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, levels=False)
+    assert one.ssd_levels == (one.seq_idx.shape[0],) and one.ssd_level_taken.tolist() == [True]
 
 
 def test_bad_input_is_refused_before_anything_runs():

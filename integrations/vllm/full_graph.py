@@ -85,8 +85,8 @@ MAMBA2_ARCHITECTURES = frozenset(
     }
 )
 MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's decodes ("ssu", "ssd")
-# "0": a Mamba2 bucket's SSD runs at its chunk capacity on every step (no IF-node levels), the
-# comparison the levels have to win
+# "0": a Mamba2 bucket's SSD runs at its row and chunk capacity on every step (no IF-node
+# levels), the comparison the levels have to win
 SSD_LEVELS_ENV = "CHUNKMETA_VLLM_SSD_LEVELS"
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
@@ -355,9 +355,14 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
 
     def _new_bucket(self, num_tokens, num_reqs):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
-        levels = os.environ.get(SSD_LEVELS_ENV, "1").strip() != "0"
         return Mamba2StepInputs(
-            num_tokens, num_reqs, self.device, chunk_size=self.chunk_size, checkpoints=align, levels=levels
+            num_tokens,
+            num_reqs,
+            self.device,
+            chunk_size=self.chunk_size,
+            checkpoints=align,
+            decodes=_mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])),
+            levels=os.environ.get(SSD_LEVELS_ENV, "1").strip() != "0",
         )
 
     def _capture_args(self, m):
@@ -557,19 +562,25 @@ def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
     )
 
 
+@functools.cache
+def _mamba2_decodes(value: str) -> str:
+    """``CHUNKMETA_VLLM_MAMBA2_DECODES``: a bucket's decode rows through vLLM's SSU (default) or
+    as one-token SSD rows (for a measurement: not vLLM's decode arithmetic); one warning per
+    value it does not know."""
+    if value in MAMBA2_DECODES:
+        return value
+    logger.warning(
+        "chunkmeta: %s=%r is not one of %s: %r", MAMBA2_DECODES_ENV, value, MAMBA2_DECODES, MAMBA2_DECODES[0]
+    )
+    return MAMBA2_DECODES[0]
+
+
 def mamba2_conv_ssm_forward(original):
-    """``MambaMixer2.conv_ssm_forward`` with the graph-safe mixed path (``mamba2_mixed_forward``,
-    decodes through vLLM's SSU; ``CHUNKMETA_VLLM_MAMBA2_DECODES=ssd`` runs them as one-token SSD
-    rows instead, for a measurement: not vLLM's decode arithmetic); ``original`` is vLLM's,
-    called for everything else. It runs inside vLLM's ``mamba_mixer2`` op (a splitting op of
-    piecewise graphs, inline in a FULL capture), which looks the method up per call."""
+    """``MambaMixer2.conv_ssm_forward`` with the graph-safe mixed path (``mamba2_mixed_forward``;
+    its bucket says how decode rows run); ``original`` is vLLM's, called for everything else.
+    It runs inside vLLM's ``mamba_mixer2`` op (a splitting op of piecewise graphs, inline in a
+    FULL capture), which looks the method up per call."""
     ops = functools.cache(_mamba2_ops)  # resolved on the first step served, once per patch
-    decodes = os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])
-    if decodes not in MAMBA2_DECODES:
-        logger.warning(
-            "chunkmeta: %s=%r is not one of %s: %r", MAMBA2_DECODES_ENV, decodes, MAMBA2_DECODES, MAMBA2_DECODES[0]
-        )
-        decodes = MAMBA2_DECODES[0]
 
     @functools.wraps(original)
     def conv_ssm_forward(self, projected_states, output):
@@ -601,7 +612,6 @@ def mamba2_conv_ssm_forward(original):
             head_dim=self.head_dim,
             n_groups=self.n_groups // self.tp_size,
             state_len=self.conv_kernel_size - 1,
-            decodes=decodes,
         )
 
     conv_ssm_forward.__qualname__ = f"chunkmeta.{MAMBA2_LAYER}.conv_ssm_forward"

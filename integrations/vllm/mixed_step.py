@@ -48,6 +48,7 @@ from chunkmeta.integrations.vllm.tables import CONV_BLOCK_M, FLA_CHUNK_SIZE, con
 from chunkmeta.step_builder import StepTablesBuilder
 
 NULL_BLOCK_ID = 0  # vLLM's null block (v1/attention/backends/utils.py:55): padded rows' state
+MAMBA2_DECODES = ("ssu", "ssd")  # a Mamba2 step's decode rows: vLLM's SSU, or one-token SSD rows
 
 
 class ConvMetadata(NamedTuple):
@@ -182,50 +183,58 @@ class MixedStepInputs:
             yield
 
 
-SMALLEST_SSD_LEVEL = 8  # chunks
-
-
-def ssd_levels(capacity: int) -> tuple[int, ...]:
-    """A bucket's SSD levels: chunk counts, powers of two from ``SMALLEST_SSD_LEVEL`` below its
-    chunk ``capacity``, then it. A step runs the SSD on the smallest level that holds its chunks."""
-    levels, chunks = [], SMALLEST_SSD_LEVEL
-    while chunks < capacity:
-        levels.append(chunks)
-        chunks *= 2
-    return (*levels, capacity)
-
-
 class Mamba2StepInputs(MixedStepInputs):
     """A Mamba2 mixed step's inputs for a bucket (``MambaMixer2``, ``mamba2_mixed_forward``:
-    docs/notes/issue49-mamba2.md). Every row is in the tables, decode rows as one-token
-    sequences, so that one grid serves any mix: ``ssd`` (vLLM's SSD chunk tables,
-    ``ssd_fields``, over all rows, chunks cut on absolute positions, checkpoint boundaries with
-    ``checkpoints``; padding chunks are empty and name the last row, as vLLM's chunk scan reads
-    ``initial_states[seq_idx]`` of every chunk), ``conv`` (capacity rows), ``cu_seqlens``
+    docs/notes/issue49-mamba2.md). Over every row: ``conv`` (capacity rows), ``cu_seqlens``
     (``[num_reqs + 1]``, the engine's ``query_start_loc`` copied in, padded rows at the total),
-    ``state_indices`` / ``has_initial_state`` (as the GDN bucket's), ``decode_rows`` (bool
-    ``[num_reqs]``: the first ``num_decodes`` rows, vLLM's order) and, with ``checkpoints``,
-    ``checkpoint_offsets`` (int32 ``[num_reqs]``, 0 = none, padded 0) and
-    ``checkpoint_state_indices`` (each row's checkpoint block, padded with the null block).
-    ``stage()`` takes the computed-token counts on both sides (Mamba2 cuts chunks on absolute
-    positions) and ``num_decodes``; with ``checkpoints``, each row's checkpoint offset on both
-    sides and its checkpoint block."""
+    ``state_indices`` / ``has_initial_state`` (as the GDN bucket's) and ``decode_rows`` (bool
+    ``[num_reqs]``: the first ``num_decodes`` rows, vLLM's order).
+
+    The SSD's rows, ``ssd_*``: the prefill rows (every row with ``decodes="ssd"``: one-token SSD
+    sequences), first, then padding rows on the null block: ``ssd_cu_seqlens``,
+    ``ssd_state_indices``, ``ssd_has_initial``, vLLM's chunk tables of those rows (chunks cut on
+    absolute positions; ``ssd_cu_chunk_seqlens`` in tokens of the whole step, ``seq_idx``,
+    ``last_chunk_indices``; padding chunks empty and on row 0, a row every level has) and, with
+    ``checkpoints`` (align mode), ``ssd_checkpoint_offsets`` (0 = none), ``ssd_checkpoint_state_indices``
+    and ``checkpoint_chunk_idx``. ``ssd_levels``: ``(rows, chunks)`` pairs, rows ``1, 2, 4, ...``
+    up to ``num_reqs``, chunks the tables' bound for that many rows (``levels=False``: the bucket's
+    capacity alone); ``ssd_level_taken`` (bool per level): the staged step's, the smallest that
+    holds its SSD rows, none without any.
+
+    ``stage()`` takes every row's values in vLLM's order: the computed-token counts on both sides
+    (Mamba2 cuts chunks on absolute positions), ``num_decodes`` and, with ``checkpoints``, each
+    row's checkpoint offset on both sides and its checkpoint block."""
 
     def __init__(
-        self, num_tokens: int, num_reqs: int, device, *, chunk_size: int, checkpoints: bool = False, levels: bool = True
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        device,
+        *,
+        chunk_size: int,
+        checkpoints: bool = False,
+        decodes: str = "ssu",
+        levels: bool = True,
     ):
-        self.checkpoints = checkpoints
+        if decodes not in MAMBA2_DECODES:
+            raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
+        self.checkpoints, self.decodes = checkpoints, decodes
         super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size)
+        rows = lambda fill, dtype=torch.int32: torch.full((num_reqs,), fill, dtype=dtype, device=self.device)  # noqa: E731
         self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
-        self.decode_rows = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
+        self.decode_rows = rows(False, torch.bool)
         self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
-        self.checkpoint_offsets = torch.zeros(num_reqs, dtype=torch.int32, device=self.device)
-        self.checkpoint_state_indices = torch.full_like(self.state_indices, NULL_BLOCK_ID)
-        capacity = self.seq_idx.shape[0]
-        self.ssd_levels = ssd_levels(capacity) if levels else (capacity,)
+        self.ssd_cu_seqlens = torch.zeros_like(self.cu_seqlens)
+        self.ssd_cu_chunk_seqlens = torch.zeros_like(self._chunk_table)
+        self.ssd_state_indices = rows(NULL_BLOCK_ID)
+        self.ssd_has_initial = rows(False, torch.bool)
+        self.ssd_checkpoint_offsets = rows(0)
+        self.ssd_checkpoint_state_indices = rows(NULL_BLOCK_ID)
+        self.ssd_levels = self._levels() if levels else ((num_reqs, self.seq_idx.shape[0]),)
         self._level_index = torch.arange(len(self.ssd_levels), device=self.device)
         self.ssd_level_taken = self._level_index == len(self.ssd_levels) - 1
-        self.staged_ssd_level = len(self.ssd_levels) - 1
+        self.staged_ssd_level: int | None = len(self.ssd_levels) - 1
+        self.staged_rows = (0, 0)  # (first SSD row, rows) of the staged step: host ints
         if checkpoints:
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
             # the bucket's is the region itself, from a build whose row has one (every step
@@ -242,11 +251,16 @@ class Mamba2StepInputs(MixedStepInputs):
             self.checkpoint_chunk_idx = probe["ssd"].checkpoint_chunk_idx
 
     def _specs(self) -> dict:
-        self.ssd_spec = tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=self.num_reqs - 1)
+        self.ssd_spec = tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=0)
         return {
             "ssd": self.ssd_spec,
             "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
         }
+
+    def _levels(self) -> tuple[tuple[int, int], ...]:
+        capacity = self.seq_idx.shape[0]
+        rows = [1 << k for k in range(self.num_reqs.bit_length()) if 1 << k < self.num_reqs] + [self.num_reqs]
+        return tuple((r, min(capacity, self.ssd_spec.entry_rows(r, self.num_tokens)[0])) for r in rows)
 
     def _rows(
         self,
@@ -254,16 +268,21 @@ class Mamba2StepInputs(MixedStepInputs):
         num_computed_tokens_cpu=None,
         checkpoint_offsets=None,
         checkpoint_offsets_cpu=None,
+        first_seq=0,
     ) -> dict:
-        rows = dict(num_computed_tokens=num_computed_tokens, num_computed_tokens_cpu=num_computed_tokens_cpu)
+        rows = dict(
+            num_computed_tokens=num_computed_tokens,
+            num_computed_tokens_cpu=num_computed_tokens_cpu,
+            first_seq=first_seq,
+        )
         if self.checkpoints:
             rows.update(checkpoint_offsets=checkpoint_offsets, checkpoint_offsets_cpu=checkpoint_offsets_cpu)
         return rows
 
     def _set_tables(self, step) -> None:
-        self.cu_chunk_seqlens, self.seq_idx, self.last_chunk_indices, self.checkpoint_chunk_idx = ssd_fields(
-            step["ssd"]
-        )
+        # the SSD rows' chunk boundaries count from their first token: ssd_cu_chunk_seqlens
+        # shifts them by the decode tokens ahead
+        self._chunk_table, self.seq_idx, self.last_chunk_indices, self.checkpoint_chunk_idx = ssd_fields(step["ssd"])
 
     def stage(
         self,
@@ -287,6 +306,7 @@ class Mamba2StepInputs(MixedStepInputs):
             )
         if self.checkpoints:
             _check_rows("checkpoint_state_indices", checkpoint_state_indices, n, self.device)
+        first = num_decodes if self.decodes == "ssu" else 0  # the decode rows go through the SSU
         staged = super().stage(
             query_start_loc,
             query_start_loc_cpu,
@@ -295,19 +315,28 @@ class Mamba2StepInputs(MixedStepInputs):
             num_computed_tokens_cpu=num_computed_tokens_cpu,
             checkpoint_offsets=checkpoint_offsets,
             checkpoint_offsets_cpu=checkpoint_offsets_cpu,
+            first_seq=first,
         )
         # validated by the build: from here on nothing fails on bad input
-        self.cu_seqlens[: n + 1].copy_(query_start_loc, non_blocking=True)
-        self.cu_seqlens[n + 1 :].copy_(query_start_loc[n:].expand(self.num_reqs - n))  # padded rows: empty
-        torch.lt(self._row_index, num_decodes, out=self.decode_rows)  # a host int: no sync
-        # the smallest SSD level whose chunks bound this step's (the tables' own bound, at the
-        # step's rows and tokens: host ints), taken on the device by the graph's IF nodes
-        bound = self.ssd_spec.entry_rows(n, int(query_start_loc_cpu[-1]))[0]
-        self.staged_ssd_level = next((k for k, c in enumerate(self.ssd_levels) if c >= bound), len(self.ssd_levels) - 1)
-        torch.eq(self._level_index, self.staged_ssd_level, out=self.ssd_level_taken)
+        total, ahead = int(query_start_loc_cpu[-1]), int(query_start_loc_cpu[first])  # host: no sync
+        _copy_padded(self.cu_seqlens, query_start_loc, total)  # padded rows: empty
+        torch.lt(self._row_index, num_decodes, out=self.decode_rows)
+        _copy_padded(self.ssd_cu_seqlens, query_start_loc[first:], total)
+        torch.add(self._chunk_table, ahead, out=self.ssd_cu_chunk_seqlens)
+        _copy_padded(self.ssd_state_indices, state_indices[first:], NULL_BLOCK_ID)
+        torch.gt(num_computed_tokens[first:], 0, out=self.ssd_has_initial[: n - first])
+        self.ssd_has_initial[n - first :].fill_(False)
         if self.checkpoints:
-            _copy_padded(self.checkpoint_offsets, checkpoint_offsets, 0)
-            _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
+            _copy_padded(self.ssd_checkpoint_offsets, checkpoint_offsets[first:], 0)
+            _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
+        # the smallest level that holds the SSD rows (and so, by the tables' bound, their chunks),
+        # taken on the device by the graph's IF nodes; none without SSD rows
+        self.staged_rows = (first, n - first)
+        self.staged_ssd_level = next((k for k, (r, _) in enumerate(self.ssd_levels) if r >= n - first), None)
+        if n == first:
+            self.staged_ssd_level = None
+        torch.eq(self._level_index, -1 if self.staged_ssd_level is None else self.staged_ssd_level,
+                 out=self.ssd_level_taken)  # fmt: skip
         return staged
 
 
@@ -328,13 +357,16 @@ def _copy_padded(dst: torch.Tensor, src: torch.Tensor, pad) -> None:
 class GroupInputs:
     """Another KV-cache group's view of a bucket (Model Runner V2 builds one group's metadata and
     gives the others its batch-level fields): the bucket's tables and ``has_initial_state``,
-    this group's own ``state_indices`` (and a Mamba2 bucket's ``checkpoint_state_indices``) at
-    fixed addresses (``stage_state_indices`` before every replay, after the bucket's ``stage``)."""
+    this group's own ``state_indices`` (and a Mamba2 bucket's ``ssd_state_indices`` and
+    ``ssd_checkpoint_state_indices``) at fixed addresses (``stage_state_indices`` before every
+    replay, after the bucket's ``stage``)."""
 
     def __init__(self, bucket: MixedStepInputs):
         self.bucket = bucket
         self.state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
-        self.checkpoint_state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
+        if isinstance(bucket, Mamba2StepInputs):
+            self.ssd_state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
+            self.ssd_checkpoint_state_indices = torch.full_like(bucket.state_indices, NULL_BLOCK_ID)
 
     def __getattr__(self, name):
         return getattr(self.bucket, name)
@@ -350,8 +382,12 @@ class GroupInputs:
             )
         if getattr(self.bucket, "checkpoints", False):
             _check_rows("checkpoint_state_indices", checkpoint_state_indices, rows, self.state_indices.device)
-            _copy_padded(self.checkpoint_state_indices, checkpoint_state_indices, NULL_BLOCK_ID)
         _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
+        if isinstance(self.bucket, Mamba2StepInputs):
+            first = self.bucket.staged_rows[0]  # the bucket's SSD rows start there
+            _copy_padded(self.ssd_state_indices, state_indices[first:], NULL_BLOCK_ID)
+            if self.bucket.checkpoints:
+                _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
 
 
 def _conv_rows(causal_conv1d_fn, inputs: MixedStepInputs, x, weight, bias, activation, conv_state) -> torch.Tensor:
@@ -517,9 +553,6 @@ class _Checkpoints(NamedTuple):
     state_indices: torch.Tensor
 
 
-MAMBA2_DECODES = ("ssu", "ssd")
-
-
 def mamba2_mixed_forward(
     ops: Mamba2Ops,
     inputs: Mamba2StepInputs,
@@ -539,24 +572,22 @@ def mamba2_mixed_forward(
     head_dim: int,
     n_groups: int,
     state_len: int,
-    decodes: str = "ssu",
 ) -> None:
     """``MambaMixer2.conv_ssm_forward``'s non-spec path over a mixed batch
     (mamba_mixer2.py:803-1106), shapes fixed by ``inputs``' bucket: ``hidden_states_B_C``
     ``[num_tokens, conv_dim]`` (pre-conv x, B, C), ``dt`` ``[num_tokens, num_heads]``; writes
     ``output`` ``[num_tokens, num_heads * head_dim]`` and every real row's conv and SSM state.
 
-    One ``causal_conv1d_fn`` over every row (decodes are one-token rows) and one SSD on the
-    bucket's capacity tables. ``decodes="ssu"`` (vLLM's decode arithmetic): the decode rows run
-    vLLM's ``selective_state_update`` on the bucket's first rows, the SSD sees them as fresh rows
-    on the null block, and their outputs are merged in. ``decodes="ssd"``: one-token SSD
-    sequences (not vLLM's rounding: the note's §3). Align mode (``inputs.checkpoints``): the
-    chunk states, the checkpoint store and the final states' ``index_put``, as vLLM's path."""
+    One ``causal_conv1d_fn`` over every row (decodes are one-token rows), then the SSD over the
+    bucket's SSD rows at the staged level (``_by_ssd_level``). ``inputs.decodes == "ssu"``
+    (vLLM's decode arithmetic): the SSD rows are the prefill rows and the decode rows run vLLM's
+    ``selective_state_update`` on the bucket's first rows, their outputs merged in; ``"ssd"``:
+    every row is an SSD row (not vLLM's rounding: the note's §3). Align mode
+    (``inputs.checkpoints``): the chunk states, the checkpoint store and the final states'
+    ``index_put``, as vLLM's path."""
     num_tokens = inputs.num_tokens
     if hidden_states_B_C.shape[0] != num_tokens or dt.shape[0] != num_tokens or output.shape[0] != num_tokens:
         raise ChunkMetaError(f"a mixed step of {num_tokens} tokens: pad x, dt and output to the bucket.")
-    if decodes not in MAMBA2_DECODES:
-        raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
     x = hidden_states_B_C.transpose(0, 1)  # the conv's layout, and the checkpoint store's input
     conv_out = _conv_rows(ops.causal_conv1d_fn, inputs, x, conv_weight, conv_bias, activation, conv_state)
     state_size = (conv_out.shape[1] - num_heads * head_dim) // (2 * n_groups)
@@ -566,18 +597,15 @@ def mamba2_mixed_forward(
         B.view(num_tokens, n_groups, -1),
         C.view(num_tokens, n_groups, -1),
     )
-    ssd_rows, has_initial = inputs.state_indices, inputs.has_initial_state
-    if decodes == "ssu":
-        # the SSD must not touch a decode row's state: its SSU reads and writes it
-        ssd_rows = torch.where(inputs.decode_rows, NULL_BLOCK_ID, ssd_rows)
-        has_initial = has_initial & ~inputs.decode_rows
-    # masked initial states are always passed (a fixed shape); vLLM's where() with a scalar 0
-    initial_states = torch.where(has_initial[:, None, None, None], ssm_state[ssd_rows], 0)
     out = output.view(num_tokens, num_heads, head_dim)
 
-    def ssd(chunks: int) -> None:
-        # the first `chunks` chunks hold every real one (the level's bound); the kernels' grids
-        # are sized by the slices, so the bucket's other padding chunks cost nothing
+    def ssd(rows: int, chunks: int) -> None:
+        # the level's rows hold every SSD row and its chunks every chunk of theirs (the tables'
+        # bound): the kernels' grids and the state traffic are the slices', not the bucket's
+        ssd_rows = inputs.ssd_state_indices[:rows]
+        # masked initial states are always passed (a fixed shape); vLLM's where() with a scalar 0
+        initial_states = torch.where(inputs.ssd_has_initial[:rows, None, None, None], ssm_state[ssd_rows], 0)
+        last_chunk_indices = inputs.last_chunk_indices[:rows]
         chunk_states = ops.mamba_chunk_scan_combined_varlen(
             hidden,
             dt,
@@ -589,9 +617,9 @@ def mamba2_mixed_forward(
             z=None,
             dt_bias=dt_bias,
             seq_idx=inputs.seq_idx[:chunks],
-            cu_seqlens=inputs.cu_seqlens,
-            cu_chunk_seqlens=inputs.cu_chunk_seqlens[: chunks + 1],
-            last_chunk_indices=inputs.last_chunk_indices,
+            cu_seqlens=inputs.ssd_cu_seqlens[: rows + 1],
+            cu_chunk_seqlens=inputs.ssd_cu_chunk_seqlens[: chunks + 1],
+            last_chunk_indices=last_chunk_indices,
             initial_states=initial_states,
             return_intermediate_states=inputs.checkpoints,
             dt_softplus=True,
@@ -602,41 +630,44 @@ def mamba2_mixed_forward(
             final_state_indices=None if inputs.checkpoints else ssd_rows,
         )
         if inputs.checkpoints:
-            final_states = chunk_states[inputs.last_chunk_indices]
-            # rows of offset 0 (decodes, padding, no checkpoint) write nothing
+            final_states = chunk_states[last_chunk_indices]
+            # rows of offset 0 (padding, no checkpoint) write nothing
             ops.store_prefill_checkpoint(
-                _Checkpoints(inputs.checkpoint_offsets, inputs.checkpoint_state_indices),
-                inputs.checkpoint_chunk_idx,
+                _Checkpoints(inputs.ssd_checkpoint_offsets[:rows], inputs.ssd_checkpoint_state_indices[:rows]),
+                inputs.checkpoint_chunk_idx[:rows],
                 x,
                 conv_state,
                 chunk_states,
                 ssm_state,
-                inputs.cu_seqlens,
+                inputs.ssd_cu_seqlens[: rows + 1],
                 state_len=state_len,
             )
             ssm_state[ssd_rows] = final_states
 
     _by_ssd_level(inputs, ssd)
-    if decodes == "ssu":
+    if inputs.decodes == "ssu":
         _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias)
 
 
 def _by_ssd_level(inputs: Mamba2StepInputs, ssd) -> None:
-    """``ssd(chunks)`` at the staged step's SSD level. Inside a CUDA graph capture, every level
-    in a graph IF node on ``inputs.ssd_level_taken`` (each replay runs the one its stage chose),
-    or the bucket's capacity where this torch has no IF nodes; eagerly, the staged level."""
+    """``ssd(rows, chunks)`` at the staged step's SSD level. Inside a CUDA graph capture, every
+    level in a graph IF node on ``inputs.ssd_level_taken`` (a replay runs the one its stage chose,
+    none for a step without SSD rows), or the bucket's capacity where this torch has no IF nodes;
+    eagerly, the staged level."""
     levels = inputs.ssd_levels
     capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     graph = _capturing_graph() if capturing and len(levels) > 1 else None
-    if graph is None:
-        ssd(levels[-1] if capturing else levels[inputs.staged_ssd_level])
-        return
-    for k, chunks in enumerate(levels):
-        graph.begin_capture_to_if_node(inputs.ssd_level_taken[k])
-        try:
-            ssd(chunks)
-        finally:
-            graph.end_capture_to_conditional_node()
+    if graph is not None:
+        for k, level in enumerate(levels):
+            graph.begin_capture_to_if_node(inputs.ssd_level_taken[k])
+            try:
+                ssd(*level)
+            finally:
+                graph.end_capture_to_conditional_node()
+    elif capturing:
+        ssd(*levels[-1])
+    elif inputs.staged_ssd_level is not None:
+        ssd(*levels[inputs.staged_ssd_level])
 
 
 def _capturing_graph():

@@ -172,8 +172,8 @@ def layer(gen):
 def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
     gen, rng = torch.Generator().manual_seed(5), np.random.default_rng(7)
     weights = layer(gen)
-    bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, checkpoints=checkpoints)
-    assert len(bucket.ssd_levels) >= 3  # (8, 16, ..., capacity): the SSD runs on sliced tables
+    bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, checkpoints=checkpoints, decodes=decodes)
+    assert [r for r, _ in bucket.ssd_levels] == [1, 2, 4, 8]  # the SSD runs on sliced rows and tables
     levels_run = set()
     for _ in range(25):
         batch = qsl, slots, computed, num_decodes, offsets, checkpoint_slots = random_batch(rng, checkpoints)
@@ -192,26 +192,36 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
         mamba2_mixed_forward(
             OPS, bucket, hidden_states_B_C=hidden_states_B_C, dt=dt, output=output, activation="silu",
             conv_state=conv_state, ssm_state=ssm_state, num_heads=HEADS, head_dim=HEAD_DIM, n_groups=GROUPS,
-            state_len=WIDTH - 1, decodes=decodes, **weights,
+            state_len=WIDTH - 1, **weights,
         )  # fmt: skip
         real = int(qsl[-1])
         assert torch.equal(output[:real], want[:real])
         level = bucket.staged_ssd_level
         levels_run.add(level)
-        # the staged level holds every real chunk (a smaller one would leave outputs NaN above)
-        assert int(bucket.last_chunk_indices[qsl.shape[0] - 2]) < bucket.ssd_levels[level]
+        ssd_rows = qsl.shape[0] - 1 - (num_decodes if decodes == "ssu" else 0)
         assert bucket.ssd_level_taken.tolist() == [k == level for k in range(len(bucket.ssd_levels))]
+        if ssd_rows:
+            # the staged level holds every SSD row and chunk (a smaller one would leave NaN above)
+            rows, chunks = bucket.ssd_levels[level]
+            assert ssd_rows <= rows and int(bucket.last_chunk_indices[ssd_rows - 1]) < chunks
+            assert level == 0 or bucket.ssd_levels[level - 1][0] < ssd_rows
+        else:
+            assert level is None
         # every cache line but the null block: the real rows' and checkpoints' as vLLM's, others untouched
         assert torch.equal(conv_state[1:], want_conv[1:])
         assert torch.equal(ssm_state[1:], want_ssm[1:])
     assert len(levels_run) >= 2
 
 
-def test_ssd_levels_are_powers_of_two_up_to_the_capacity():
-    assert mixed_step.ssd_levels(5) == (5,) and mixed_step.ssd_levels(8) == (8,)
-    assert mixed_step.ssd_levels(23) == (8, 16, 23) and mixed_step.ssd_levels(64) == (8, 16, 32, 64)
+def test_ssd_levels_are_rows_in_powers_of_two_with_their_chunk_bound():
+    capacity = TOKENS // CHUNK + 2 * REQS + 1  # the tables' bound (chunkmeta.tables._ssd_rows)
+    bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK)
+    assert bucket.seq_idx.shape[0] == capacity
+    assert bucket.ssd_levels == tuple((r, TOKENS // CHUNK + 2 * r + 1) for r in (1, 2, 4, 8))
+    six = Mamba2StepInputs(TOKENS, 6, "cpu", chunk_size=CHUNK, checkpoints=True)  # two segments a row
+    assert six.ssd_levels == tuple((r, TOKENS // CHUNK + 4 * r + 1) for r in (1, 2, 4, 6))
     one = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, levels=False)
-    assert one.ssd_levels == (one.seq_idx.shape[0],) and one.ssd_level_taken.tolist() == [True]
+    assert one.ssd_levels == ((REQS, capacity),) and one.ssd_level_taken.tolist() == [True]
 
 
 def test_bad_input_is_refused_before_anything_runs():
@@ -227,5 +237,5 @@ def test_bad_input_is_refused_before_anything_runs():
         with pytest.raises(ChunkMetaError, match="pad"):
             mamba2_mixed_forward(ops, bucket, **short)
     with pytest.raises(ChunkMetaError, match="decodes"):
-        mamba2_mixed_forward(ops, bucket, decodes="fla", **ok)
+        Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, decodes="fla")
     assert calls == []

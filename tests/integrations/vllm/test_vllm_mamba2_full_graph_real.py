@@ -135,7 +135,9 @@ def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
     builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
     stock = Builder(SPEC, LAYERS, configs["mamba2"], DEVICE)
     bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
-    fixed = [(t.shape, t.data_ptr()) for t in (bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.state_indices)]
+    fields = lambda: [(t.shape, t.data_ptr()) for t in (bucket.ssd_cu_chunk_seqlens, bucket.seq_idx,  # noqa: E731
+                                                        bucket.state_indices, bucket.ssd_state_indices)]  # fmt: skip
+    fixed = fields()
     rng = np.random.default_rng(3)
     mixed = 0
     for _ in range(40):
@@ -143,27 +145,28 @@ def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
         got = builder.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
         want = stock.build(0, padded_metadata(query, context, MAX_NUM_SEQS, BUCKET_TOKENS))
         assert got.chunkmeta_mixed is bucket
-        assert [
-            (t.shape, t.data_ptr()) for t in (bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.state_indices)
-        ] == fixed
+        assert fields() == fixed
         assert got.cu_chunk_seqlen_p is None  # no eager tables: the bucket's fill is the step's
         d, n = want.num_decodes, MAX_NUM_SEQS
         assert bucket.state_indices.tolist() == vllm_rows(want)
         assert bucket.decode_rows.tolist() == [True] * d + [False] * (n - d)
-        assert (
-            bucket.cu_seqlens.tolist() == padded_metadata(query, context, n, BUCKET_TOKENS).query_start_loc_cpu.tolist()
-        )
+        qsl = padded_metadata(query, context, n, BUCKET_TOKENS).query_start_loc_cpu.tolist()
+        assert bucket.cu_seqlens.tolist() == qsl
         assert bucket.has_initial_state.tolist() == [c > 0 for c in context] + [False] * (n - len(query))
+        # the SSD rows are vLLM's prefill rows (decodes through the SSU), padding rows after them
+        assert bucket.ssd_state_indices.tolist() == vllm_rows(want)[d:] + [mixed_step.NULL_BLOCK_ID] * d
+        assert bucket.ssd_cu_seqlens.tolist() == qsl[d:] + [qsl[-1]] * d
         if want.num_prefills and want.cu_chunk_seqlen_p is not None:
             mixed += d > 0
-            # decode rows are one chunk each, ahead of vLLM's prefill chunks (rebased there)
+            # vLLM's prefill chunk tables, in tokens of the whole step (decode tokens ahead)
             k = want.seq_idx_p.shape[0]
-            assert bucket.cu_chunk_seqlens[: d + 1].tolist() == list(range(d + 1))
-            assert (
-                bucket.cu_chunk_seqlens[d : d + k + 1] - want.num_decode_tokens
-            ).tolist() == want.cu_chunk_seqlen_p.tolist()
-            assert (bucket.seq_idx[d : d + k] - d).tolist() == want.seq_idx_p.tolist()
-            assert (bucket.last_chunk_indices[d:n] - d).tolist() == want.last_chunk_indices_p.tolist()
+            assert (bucket.ssd_cu_chunk_seqlens[: k + 1] - want.num_decode_tokens).tolist() == (
+                want.cu_chunk_seqlen_p.tolist()
+            )
+            assert bucket.seq_idx[:k].tolist() == want.seq_idx_p.tolist()
+            p = want.num_prefills
+            assert bucket.last_chunk_indices[:p].tolist() == want.last_chunk_indices_p.tolist()
+            assert bucket.ssd_has_initial[:p].tolist() == want.has_initial_states_p.tolist()
     assert mixed > 10
     assert builder.chunkmeta_stats()["mixed_fallbacks"] == {}
 
@@ -190,7 +193,10 @@ def test_another_groups_view_has_its_own_state_indices(configs, full_cls):
     assert view.state_indices.tolist() == vllm_rows(Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).update_block_table(
         Builder(SPEC, LAYERS, configs["mamba2"], DEVICE).build(0, m), table, m.slot_mapping))  # fmt: skip
     assert view.state_indices.tolist() != bucket.state_indices.tolist()
-    assert view.cu_chunk_seqlens is bucket.cu_chunk_seqlens
+    # its SSD rows: the prefill rows' indices in this group's blocks, padding after them
+    assert view.ssd_state_indices.tolist() == view.state_indices.tolist()[2:] + [mixed_step.NULL_BLOCK_ID] * 2
+    assert view.ssd_state_indices.tolist() != bucket.ssd_state_indices.tolist()
+    assert view.ssd_cu_chunk_seqlens is bucket.ssd_cu_chunk_seqlens
 
 
 def test_align_mode_stages_checkpoint_offsets_and_blocks(configs, full_cls, monkeypatch):
@@ -216,10 +222,11 @@ def test_align_mode_stages_checkpoint_offsets_and_blocks(configs, full_cls, monk
     got = builder.build(0, padded_metadata(query, context, 5, 1024))
     want = stock.build(0, padded_metadata(query, context, 5, 1024))
     assert got.chunkmeta_mixed is bucket and want.num_decodes == 2
-    assert bucket.checkpoint_offsets.tolist() == [0, 0, *offsets]
-    assert bucket.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + blocks
-    # the chunk each checkpoint ends, as vLLM's tables name it (decode rows' chunks ahead)
-    marks = (bucket.checkpoint_chunk_idx[2:] - 2).tolist()
+    null2 = [mixed_step.NULL_BLOCK_ID] * 2  # the SSD rows are the prefill rows, then padding
+    assert bucket.ssd_checkpoint_offsets.tolist() == [*offsets, 0, 0]
+    assert bucket.ssd_checkpoint_state_indices.tolist() == blocks + null2
+    # the chunk each checkpoint ends, as vLLM's tables name it
+    marks = bucket.checkpoint_chunk_idx[:3].tolist()
     assert [mark for mark, offset in zip(marks, offsets, strict=True) if offset] == [
         mark for mark, offset in zip(want.checkpoint_chunk_idx.tolist(), offsets, strict=True) if offset
     ]
@@ -229,8 +236,8 @@ def test_align_mode_stages_checkpoint_offsets_and_blocks(configs, full_cls, monk
     monkeypatch.setattr(type(got.checkpoint_meta), "regather_state_indices", lambda self, table: regathered)
     m = padded_metadata(query, context, 5, 1024)
     view = other.update_block_table(got, m.block_table_tensor, m.slot_mapping).chunkmeta_mixed
-    assert view.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + [51, 0, 53]
-    assert bucket.checkpoint_state_indices.tolist() == [mixed_step.NULL_BLOCK_ID] * 2 + blocks
+    assert view.ssd_checkpoint_state_indices.tolist() == [51, 0, 53] + null2
+    assert bucket.ssd_checkpoint_state_indices.tolist() == blocks + null2
 
 
 def test_a_failed_stage_keeps_chunkmetas_eager_tables_with_one_warning(configs, full_cls, monkeypatch, caplog):

@@ -99,6 +99,20 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
         "exact {layer} {requests} x {tokens}, {batches} batches: bit-identical {bit_identical}",
         also="exact",
     ),
+    "vllm_mamba2_exact": Family(
+        "vLLM Mamba2 mixed step in one CUDA graph: exactness",
+        "bench/vllm_mamba2_exact.py: one Mamba2 layer at Nemotron-Nano-9B-v2's mixer sizes, vLLM 0.33.0's own "
+        "`conv_ssm_forward` on its builder's metadata against the patched one on a chunkmeta bucket, captured once "
+        "and replayed: batches whose outputs and states are bit-identical, and one layer's step time each side "
+        "(a one-layer harness figure).",
+        cell=(
+            "{requests} x {tokens}: {batches} batches, identical {identical_batches}; "
+            "vLLM eager {median_vllm_eager_us:.0f} µs, chunkmeta graph {median_chunkmeta_graph_us:.0f} µs",
+            "{requests} x {tokens}: {batches} batches, identical {identical_batches}",
+        ),
+        summary="{requests} x {tokens}, decodes {decodes}, levels {ssd_levels}: {batches} batches, "
+        "identical {identical_batches}",
+    ),
     "sglang_mamba2": Family(
         "SGLang's Mamba2 extend metadata",
         "bench/sglang_mamba2.py: host µs per forward (median) and syncs counted, SGLang 0.5.23's own "

@@ -12,8 +12,9 @@ to it as vLLM's FULL keys pad: zero-length rows on the null block), the step sta
 batch from the same conv and SSM states. Random batches: decodes, prefill chunks with and
 without a cached prefix. Mamba cache mode "none" (``--no-enable-prefix-caching``). The last
 ``timed`` batches also time one layer's step on each side (a one-layer harness figure: what a
-bucket's padded rows and chunks cost against vLLM's host work, not a serving figure). Writes
-``DIR/mamba2_exact.json``; prints one line per verdict. Needs CUDA and vLLM.
+bucket's padded rows and chunks cost against vLLM's host work, not a serving figure). Writes a
+``vllm_mamba2_exact`` record under DIR (``bench/results.py``); prints the figures and each
+mismatch. Needs CUDA and vLLM.
 """
 
 from __future__ import annotations
@@ -263,13 +264,15 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     result = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "mamba2_exact.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import results as runs
+
+    argv = sys.argv[1:] if argv is None else argv
+    runs.save("vllm_mamba2_exact", result, script="bench/vllm_mamba2_exact.py", argv=argv, out=args.out)
     print(json.dumps({k: v for k, v in result.items() if k != "mismatches"}))
     for m in result["mismatches"]:
         print("mismatch", json.dumps(m))
-    return 0
+    return 0 if not result["mismatches"] else 1
 
 
 if __name__ == "__main__":

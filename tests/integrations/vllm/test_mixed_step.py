@@ -255,12 +255,15 @@ def mamba2_step(rng, reqs_max=REQS, tokens_max=TOKENS, checkpoints=False):
     return qsl, states, torch.tensor(computed, dtype=torch.int32), decodes, torch.tensor(offsets, dtype=torch.int32)
 
 
+@pytest.mark.parametrize("decodes_mode", ["ssu", "ssd"])
 @pytest.mark.parametrize("checkpoints", [False, True])
-def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints):
-    bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16, checkpoints=checkpoints)
-    tensors = [bucket.cu_chunk_seqlens, bucket.seq_idx, bucket.last_chunk_indices, bucket.cu_seqlens,
-               bucket.state_indices, bucket.has_initial_state, bucket.decode_rows, bucket.checkpoint_offsets,
-               bucket.conv.batch_ptr]  # fmt: skip
+def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints, decodes_mode):
+    bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16, checkpoints=checkpoints,
+                                         decodes=decodes_mode)  # fmt: skip
+    tensors = [bucket.ssd_cu_chunk_seqlens, bucket.seq_idx, bucket.last_chunk_indices, bucket.cu_seqlens,
+               bucket.state_indices, bucket.has_initial_state, bucket.decode_rows, bucket.ssd_cu_seqlens,
+               bucket.ssd_state_indices, bucket.ssd_has_initial, bucket.ssd_checkpoint_offsets,
+               bucket.ssd_level_taken, bucket.conv.batch_ptr]  # fmt: skip
     fixed = [(t.shape, t.data_ptr()) for t in tensors]
     rng = np.random.default_rng(11)
     for _ in range(60):
@@ -272,20 +275,31 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints)
             extra.update(checkpoint_state_indices=states + 100)
         bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes, **extra)
         assert [(t.shape, t.data_ptr()) for t in tensors] == fixed
+        # the SSD rows: the prefill rows (every row when decodes run as SSD rows), then padding
+        p = decodes if decodes_mode == "ssu" else 0
+        rows, tail = n - p, REQS - (n - p)
         ref = reference.mamba2_chunk_metadata(
-            qsl.tolist(), computed.tolist(), 16, 0, n, offsets.tolist() if checkpoints else None
+            qsl.tolist(), computed[p:].tolist(), 16, p, rows, offsets[p:].tolist() if checkpoints else None
         )
         k, pad = ref.num_chunks, bucket.seq_idx.shape[0] - ref.num_chunks
-        assert bucket.cu_chunk_seqlens.tolist() == ref.cu_chunk_seqlens + [int(qsl[-1])] * pad
-        assert bucket.seq_idx.tolist() == ref.seq_idx + [REQS - 1] * pad  # empty padding chunks, a real index
-        assert bucket.last_chunk_indices.tolist() == ref.last_chunk_indices + [k - 1] * (REQS - n)
+        ahead = int(qsl[p])  # the SSD gets the whole step's tokens: its chunks start past the decodes'
+        assert bucket.ssd_cu_chunk_seqlens.tolist() == [c + ahead for c in ref.cu_chunk_seqlens] + [int(qsl[-1])] * pad
+        assert bucket.seq_idx.tolist() == ref.seq_idx + [0] * pad  # empty padding chunks, a row every level has
+        assert bucket.last_chunk_indices.tolist() == ref.last_chunk_indices + [k - 1] * tail
+        assert bucket.ssd_cu_seqlens.tolist() == qsl[p:].tolist() + [int(qsl[-1])] * tail
+        assert bucket.ssd_state_indices.tolist() == states[p:].tolist() + [mixed_step.NULL_BLOCK_ID] * tail
+        assert bucket.ssd_has_initial.tolist() == (computed[p:] > 0).tolist() + [False] * tail
         if checkpoints:
-            marks = ref.checkpoint_chunk_idx or [0] * n  # None where no row has one: zeros in the bucket
-            assert bucket.checkpoint_chunk_idx.tolist() == marks + [0] * (REQS - n)
-            assert bucket.checkpoint_offsets.tolist() == offsets.tolist() + [0] * (REQS - n)
-            assert bucket.checkpoint_state_indices.tolist() == (states + 100).tolist() + [0] * (REQS - n)
+            marks = ref.checkpoint_chunk_idx or [0] * rows  # None where no row has one: zeros in the bucket
+            assert bucket.checkpoint_chunk_idx.tolist() == marks + [0] * tail
+            assert bucket.ssd_checkpoint_offsets.tolist() == offsets[p:].tolist() + [0] * tail
+            assert bucket.ssd_checkpoint_state_indices.tolist() == (states + 100)[p:].tolist() + [0] * tail
         else:
             assert bucket.checkpoint_chunk_idx is None
+        # the level: the smallest whose rows hold the SSD rows, none without any
+        taken = [r >= rows and (j == 0 or bucket.ssd_levels[j - 1][0] < rows) for j, (r, _) in
+                 enumerate(bucket.ssd_levels)] if rows else [False] * len(bucket.ssd_levels)  # fmt: skip
+        assert bucket.ssd_level_taken.tolist() == taken
         assert bucket.cu_seqlens.tolist() == qsl.tolist() + [int(qsl[-1])] * (REQS - n)
         assert bucket.decode_rows.tolist() == [True] * decodes + [False] * (REQS - decodes)
         assert bucket.state_indices.tolist() == states.tolist() + [mixed_step.NULL_BLOCK_ID] * (REQS - n)

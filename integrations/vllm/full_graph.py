@@ -48,6 +48,7 @@ from chunkmeta.integrations.vllm.mixed_step import (
     Mamba2StepInputs,
     MixedStepInputs,
     gdn_mixed_forward,
+    if_nodes_capture,
     kda_mixed_forward,
     mamba2_mixed_forward,
 )
@@ -362,7 +363,7 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             chunk_size=self.chunk_size,
             checkpoints=align,
             decodes=_mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])),
-            levels=os.environ.get(SSD_LEVELS_ENV, "1").strip() != "0",
+            levels=_ssd_levels(self.device),
         )
 
     def _capture_args(self, m):
@@ -560,6 +561,22 @@ def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
     return Mamba2Ops(
         layer.causal_conv1d_fn, layer.mamba_chunk_scan_combined_varlen, ssu, layer.store_prefill_checkpoint
     )
+
+
+def _ssd_levels(device) -> bool:
+    """A Mamba2 bucket's SSD on levels (``Mamba2StepInputs``): unless ``CHUNKMETA_VLLM_SSD_LEVELS=0``
+    or, on CUDA, IF nodes do not capture here (one warning; the SSD keeps the bucket's capacity)."""
+    if os.environ.get(SSD_LEVELS_ENV, "1").strip() == "0":
+        return False
+    if device.type == "cuda" and not if_nodes_capture(device.index):
+        _warn_once("chunkmeta: CUDA graph IF nodes do not capture here: Mamba2 buckets run the SSD at their capacity")
+        return False
+    return True
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 @functools.cache

@@ -38,6 +38,7 @@ exists and equals the total, so that program returns.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import NamedTuple
 
 import torch
@@ -656,7 +657,7 @@ def _by_ssd_level(inputs: Mamba2StepInputs, ssd) -> None:
     eagerly, the staged level."""
     levels = inputs.ssd_levels
     capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    graph = _capturing_graph() if capturing and len(levels) > 1 else None
+    graph = _capturing_graph() if capturing and len(levels) > 1 else None  # levels: IF nodes probed
     if graph is not None:
         for k, level in enumerate(levels):
             graph.begin_capture_to_if_node(inputs.ssd_level_taken[k])
@@ -676,6 +677,36 @@ def _capturing_graph():
     if not hasattr(graph_cls, "begin_capture_to_if_node") or not hasattr(graph_cls, "get_currently_capturing_graph"):
         return None
     return graph_cls.get_currently_capturing_graph()
+
+
+def if_nodes_capture(device_index: int) -> bool:
+    """Whether a CUDA graph with an IF node captures on this device (torch's API, the driver's
+    conditional nodes): one tiny capture, no sync, once per process and device. Asked during
+    another capture (vLLM makes its buckets before capturing), the answer is no."""
+    graph_cls = torch.cuda.CUDAGraph
+    if not hasattr(graph_cls, "begin_capture_to_if_node") or not hasattr(graph_cls, "get_currently_capturing_graph"):
+        return False
+    return not torch.cuda.is_current_stream_capturing() and _if_node_probe(device_index)
+
+
+@functools.cache
+def _if_node_probe(device_index: int) -> bool:
+    try:
+        with torch.cuda.device(device_index):
+            taken = torch.ones((), dtype=torch.bool, device="cuda")
+            x = torch.zeros(1, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                capturing = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+                capturing.begin_capture_to_if_node(taken)
+                try:
+                    x.add_(1)
+                finally:
+                    capturing.end_capture_to_conditional_node()
+            del graph
+    except Exception:  # noqa: BLE001  no IF nodes here: a bucket's SSD keeps its capacity
+        return False
+    return True
 
 
 def _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias) -> None:

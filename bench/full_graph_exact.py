@@ -173,10 +173,11 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
     once and replayed (``mode``: ``full_graph_common.capture``; on CUDA staging and replay under
     ``set_sync_debug_mode("error")``), or run eagerly (``"off"``). Compared bit for bit: every real
     token's output, every real block's states."""
+    from chunkmeta.integrations.vllm.full_graph import bucket_levels
     from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
 
     dev, cuda = bench.device, bench.device.type == "cuda"
-    inputs = MixedStepInputs(tokens, request_bucket(requests), dev)
+    inputs = MixedStepInputs(tokens, request_bucket(requests), dev, levels=bucket_levels(dev))
     gen = torch.Generator(device=dev).manual_seed(seed)
     rng = np.random.default_rng(seed)
     captured = None

@@ -110,7 +110,7 @@ FAMILIES = {  # in RESULTS.md's order: the README's headline families first
             "vLLM eager {median_vllm_eager_us:.0f} µs, chunkmeta graph {median_chunkmeta_graph_us:.0f} µs",
             "{requests} x {tokens}: {batches} batches, identical {identical_batches}",
         ),
-        summary="{requests} x {tokens}, decodes {decodes}, levels {ssd_levels}: {batches} batches, "
+        summary="{requests} x {tokens}, decodes {decodes}, levels {levels}: {batches} batches, "
         "identical {identical_batches}",
     ),
     "sglang_mamba2": Family(

@@ -26,7 +26,9 @@ shape (requests x tokens), methods interleaved:
                          ``prepare_chunk_indices``, with its sync);
 * ``chunkmeta_piecewise`` the same with chunkmeta's builder (no sync);
 * ``chunkmeta_full``     the whole step one graph per bucket (tokens x request bucket), captured
-                         once, ``stage()`` + replay per step.
+                         once, ``stage()`` + replay per step. A shape ``RxT@G`` keys that graph
+                         on G request rows instead of the smallest bucket >= R (vLLM's own keys
+                         give ``min(T, max_num_seqs)``): what padded rows cost.
 
 Per shape: ms/step (medians), syncs per step (``set_sync_debug_mode("warn")``), graph memory (the
 pool's reserved bytes) and capture time, whether ``chunkmeta_full``'s outputs and states equal
@@ -141,11 +143,12 @@ class FullStep:
     linear-attention forward of every layer; ``stage()`` then replay per step."""
 
     def __init__(self, bench: Bench, method: str, tokens: int, requests: int, mode: str):
+        from chunkmeta.integrations.vllm.full_graph import bucket_levels
         from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
 
         s, dev = bench.shape, bench.device
         self.bench, self.method, self.tokens = bench, method, tokens
-        self.inputs = MixedStepInputs(tokens, requests, dev)
+        self.inputs = MixedStepInputs(tokens, requests, dev, levels=bucket_levels(dev))
         self.h = torch.zeros(tokens, s.hidden, dtype=s.dtype, device=dev)
         self.capture_s = self.pool_bytes = self.replay = None
         if mode != "off":
@@ -184,7 +187,7 @@ class FullStep:
         return self.launch()
 
 
-def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, mode: str) -> dict:
+def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, mode: str, rows: int) -> dict:
     dev = bench.device
     cuda = dev.type == "cuda"
     rng = np.random.default_rng(seed)
@@ -192,9 +195,9 @@ def run_steps(bench: Bench, requests: int, tokens: int, steps: int, seed: int, m
         for cache in caches:
             for t in cache:
                 t.zero_()
-    row = {"requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests)}
+    row = {"requests": requests, "tokens": tokens, "request_bucket": rows}
     piecewise = Piecewise(bench, tokens, mode)
-    full = FullStep(bench, "chunkmeta_full", tokens, request_bucket(requests), mode)
+    full = FullStep(bench, "chunkmeta_full", tokens, rows, mode)
     row["chunkmeta_full_capture_s"], row["chunkmeta_full_graph_bytes"] = full.capture_s, full.pool_bytes
     batch = {}
     last = {}
@@ -661,13 +664,21 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
 
     def parse(text):
-        return [tuple(int(v) for v in shape.split("x")) for shape in text.split(",")]
+        """``RxT`` (R requests, T tokens, the graph of ``request_bucket(R)`` rows) or ``RxT@G``
+        (a graph of G rows: the padded-row measurement)"""
+        out = []
+        for shape in text.split(","):
+            dims, _, rows = shape.partition("@")
+            r, t = (int(v) for v in dims.split("x"))
+            out.append((r, t, int(rows) if rows else request_bucket(r)))
+        return out
 
-    shapes, exact_shapes = parse(args.shapes), parse(args.exact_shapes)
+    steps_shapes, exact_shapes = parse(args.shapes), [(r, t) for r, t, _ in parse(args.exact_shapes)]
+    shapes = [(r, t) for r, t, _ in steps_shapes]
     exact_layers = set(args.exact_layers.split(","))
     if exact_layers - set(EXACT_CASES):
         parser.error(f"--exact-layers: from {', '.join(EXACT_CASES)}, not {sorted(exact_layers)}")
-    max_reqs = max(request_bucket(r) for r, _ in shapes + exact_shapes)
+    max_reqs = max([g for _, _, g in steps_shapes] + [request_bucket(r) for r, _ in exact_shapes])
     max_tokens = max(t for _, t in shapes + exact_shapes)
     with tempfile.TemporaryDirectory() as root:
         config = vllm_builders.configs(root, max_num_seqs=max_reqs, max_num_tokens=max_tokens, prefix_caching=False)[
@@ -692,9 +703,9 @@ def main(argv: list[str]) -> int:
             verdict = figures["exact"][-1]["bit_identical"]
             print(f"[{time.monotonic() - started:6.1f} s] exact {case.name} {requests}x{tokens}: {verdict}", flush=True)
     figures["steps"] = []
-    for requests, tokens in shapes if "steps" in parts else ():
+    for requests, tokens, rows in steps_shapes if "steps" in parts else ():
         try:
-            figures["steps"].append(run_steps(bench, requests, tokens, args.steps, args.seed, mode))
+            figures["steps"].append(run_steps(bench, requests, tokens, args.steps, args.seed, mode, rows))
         except Exception as exc:  # noqa: BLE001  (the next shapes go on)
             figures["steps"].append({"requests": requests, "tokens": tokens, "error": loop._error(exc)})
         print(f"[{time.monotonic() - started:6.1f} s] {requests} x {tokens} done", flush=True)

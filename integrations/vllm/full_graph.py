@@ -86,9 +86,9 @@ MAMBA2_ARCHITECTURES = frozenset(
     }
 )
 MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's decodes ("ssu", "ssd")
-# "0": a Mamba2 bucket's SSD runs at its row and chunk capacity on every step (no IF-node
-# levels), the comparison the levels have to win
-SSD_LEVELS_ENV = "CHUNKMETA_VLLM_SSD_LEVELS"
+# "0": a bucket's state-carrying kernels run at its row and chunk capacity on every step (no
+# IF-node levels, mixed_step.MixedStepInputs), the comparison the levels have to win
+LEVELS_ENV = "CHUNKMETA_VLLM_LEVELS"
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
@@ -316,7 +316,7 @@ class GdnFullGraphMixin(FullGraphBuilderMixin):
         return self._mixed_build(args, {})
 
     def _new_bucket(self, num_tokens, num_reqs):
-        return MixedStepInputs(num_tokens, num_reqs, self.device)
+        return MixedStepInputs(num_tokens, num_reqs, self.device, levels=bucket_levels(self.device))
 
     def _capture_args(self, m):
         return (0, m, None, None, False)
@@ -363,7 +363,7 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             chunk_size=self.chunk_size,
             checkpoints=align,
             decodes=_mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])),
-            levels=_ssd_levels(self.device),
+            levels=bucket_levels(self.device),
         )
 
     def _capture_args(self, m):
@@ -563,13 +563,13 @@ def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
     )
 
 
-def _ssd_levels(device) -> bool:
-    """A Mamba2 bucket's SSD on levels (``Mamba2StepInputs``): unless ``CHUNKMETA_VLLM_SSD_LEVELS=0``
-    or, on CUDA, IF nodes do not capture here (one warning; the SSD keeps the bucket's capacity)."""
-    if os.environ.get(SSD_LEVELS_ENV, "1").strip() == "0":
+def bucket_levels(device, environ=None) -> bool:
+    """A bucket's kernels on levels (``MixedStepInputs``): unless ``CHUNKMETA_VLLM_LEVELS=0`` or,
+    on CUDA, IF nodes do not capture here (one warning; every bucket keeps its capacity)."""
+    if (os.environ if environ is None else environ).get(LEVELS_ENV, "1").strip() == "0":
         return False
     if device.type == "cuda" and not if_nodes_capture(device.index):
-        _warn_once("chunkmeta: CUDA graph IF nodes do not capture here: Mamba2 buckets run the SSD at their capacity")
+        _warn_once("chunkmeta: CUDA graph IF nodes do not capture here: mixed-step buckets run at their capacity")
         return False
     return True
 

@@ -84,9 +84,17 @@ class MixedStepInputs:
     padded False), ``conv`` (``ConvMetadata``, ``tot`` = the capacity rows), ``chunk_indices`` /
     ``chunk_offsets`` (FLA's, capacity rows). ``fla_routed()`` hands the tables to a vendored FLA
     op that derives them from ``cu_seqlens`` itself (Kimi's KDA).
+
+    ``levels``: ``(rows, chunks)`` pairs, rows ``1, 2, 4, ...`` up to ``num_reqs``, chunks the
+    tables' bound for a step of that many rows (``levels=False``: the capacity alone);
+    ``level_taken`` (bool per level): the staged step's, the smallest that holds its rows. The
+    forwards run their state-carrying kernels on the first ``rows`` rows and ``chunks`` chunk rows
+    of the staged level (``_by_level``), so a padded row or chunk past it costs no state traffic.
     """
 
-    def __init__(self, num_tokens: int, num_reqs: int, device, *, chunk_size: int = FLA_CHUNK_SIZE):
+    def __init__(
+        self, num_tokens: int, num_reqs: int, device, *, chunk_size: int = FLA_CHUNK_SIZE, levels: bool = True
+    ):
         for name, value in (("num_tokens", num_tokens), ("num_reqs", num_reqs)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ChunkMetaError(f"{name}={value!r}: a mixed-step bucket needs a positive int.")
@@ -110,12 +118,41 @@ class MixedStepInputs:
         entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
         self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
+        self._cu_seqlens_views = {num_reqs: self.cu_seqlens} if hasattr(self, "_cu_seqlens_table") else {}
+        capacity = self._chunk_capacity()
+        rows = [1 << k for k in range(num_reqs.bit_length()) if 1 << k < num_reqs] + [num_reqs]
+        self.levels = (
+            tuple((r, min(capacity, self._chunk_bound(r))) for r in rows) if levels else ((num_reqs, capacity),)
+        )
+        self._level_index = torch.arange(len(self.levels), device=self.device)
+        self.level_taken = self._level_index == len(self.levels) - 1
+        self.staged_level: int | None = len(self.levels) - 1
 
     def _specs(self) -> dict:
-        return {
-            "fla": tables.Fla(self.chunk_size, rows="batch", fresh_cu_seqlens=False),
-            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
-        }
+        self._fla_spec = tables.Fla(self.chunk_size, rows="batch", fresh_cu_seqlens=False)
+        return {"fla": self._fla_spec, "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M)}
+
+    def _chunk_capacity(self) -> int:
+        return self.chunk_indices.shape[0]
+
+    def _chunk_bound(self, rows: int) -> int:
+        """The chunk rows of any step of at most ``rows`` rows (the tables' own bound)."""
+        return self._fla_spec.entry_rows(rows, self.num_tokens)[0]
+
+    def _take_level(self, rows: int) -> None:
+        """The staged step's level: the smallest holding its ``rows`` (host int), none for none;
+        one flag per level written on the device, which the graph's IF nodes read."""
+        self.staged_level = next((k for k, (r, _) in enumerate(self.levels) if r >= rows), None) if rows else None
+        taken = -1 if self.staged_level is None else self.staged_level
+        torch.eq(self._level_index, taken, out=self.level_taken)
+
+    def level_cu_seqlens(self, rows: int) -> torch.Tensor:
+        """``cu_seqlens`` of the first ``rows`` rows: one fixed view per level (the FLA router
+        recognizes a provider's ``cu_seqlens`` by identity)."""
+        view = self._cu_seqlens_views.get(rows)
+        if view is None:
+            view = self._cu_seqlens_views[rows] = self._cu_seqlens_table[: rows + 1]
+        return view
 
     def _rows(self, num_computed_tokens, **rows) -> dict:
         """The per-row inputs of a build beside ``query_start_loc`` (none for FLA and conv)."""
@@ -123,6 +160,7 @@ class MixedStepInputs:
 
     def _set_tables(self, step) -> None:
         fla = step["fla"]
+        self._cu_seqlens_table = fla.cu_seqlens
         self.cu_seqlens = fla.cu_seqlens[: self.num_reqs + 1]
         self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
 
@@ -168,17 +206,26 @@ class MixedStepInputs:
         _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
         torch.gt(num_computed_tokens, 0, out=self.has_initial_state[:num_reqs])
         self.has_initial_state[num_reqs:].fill_(False)
+        self._take_level(num_reqs - rows.get("first_seq", 0))  # the rows the leveled kernels see
         return self.staged
 
     @contextlib.contextmanager
-    def fla_routed(self, router):
+    def fla_routed(self, router, level: tuple[int, int] | None = None):
         """``router`` (an ``FlaRouter``) answers ``prepare_chunk_indices`` / ``_offsets`` for
-        ``cu_seqlens`` with this bucket's tables for the calls inside. At capture too: the answer
-        is the bucket's fixed tensors, so a replay reads whatever the latest ``stage()`` wrote."""
+        ``cu_seqlens`` with this bucket's tables for the calls inside (``level``: the first
+        ``(rows, chunk rows)`` of them, for ``level_cu_seqlens(rows)``). At capture too: the
+        answer is the bucket's fixed tensors, so a replay reads whatever the latest ``stage()``
+        wrote."""
         if self.staged is None:
             raise ChunkMetaError("MixedStepInputs: stage() a step before the forward (capture included).")
+        rows, chunks = level or self.levels[-1]
         provider = _RoutedTables(
-            self.cu_seqlens, self.chunk_indices, self.chunk_offsets, self.chunk_size, "tail", self.staged["fla"]
+            self.level_cu_seqlens(rows),
+            self.chunk_indices[:chunks],
+            self.chunk_offsets[: rows + 1],
+            self.chunk_size,
+            "tail",
+            self.staged["fla"],
         )
         with router.active(provider):
             yield
@@ -197,10 +244,8 @@ class Mamba2StepInputs(MixedStepInputs):
     absolute positions; ``ssd_cu_chunk_seqlens`` in tokens of the whole step, ``seq_idx``,
     ``last_chunk_indices``; padding chunks empty and on row 0, a row every level has) and, with
     ``checkpoints`` (align mode), ``ssd_checkpoint_offsets`` (0 = none), ``ssd_checkpoint_state_indices``
-    and ``checkpoint_chunk_idx``. ``ssd_levels``: ``(rows, chunks)`` pairs, rows ``1, 2, 4, ...``
-    up to ``num_reqs``, chunks the tables' bound for that many rows (``levels=False``: the bucket's
-    capacity alone); ``ssd_level_taken`` (bool per level): the staged step's, the smallest that
-    holds its SSD rows, none without any.
+    and ``checkpoint_chunk_idx``. Its ``levels`` are the SSD's: rows of the SSD rows, chunks of
+    ``seq_idx``.
 
     ``stage()`` takes every row's values in vLLM's order: the computed-token counts on both sides
     (Mamba2 cuts chunks on absolute positions), ``num_decodes`` and, with ``checkpoints``, each
@@ -220,7 +265,7 @@ class Mamba2StepInputs(MixedStepInputs):
         if decodes not in MAMBA2_DECODES:
             raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
         self.checkpoints, self.decodes = checkpoints, decodes
-        super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size)
+        super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size, levels=levels)
         rows = lambda fill, dtype=torch.int32: torch.full((num_reqs,), fill, dtype=dtype, device=self.device)  # noqa: E731
         self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
         self.decode_rows = rows(False, torch.bool)
@@ -231,10 +276,6 @@ class Mamba2StepInputs(MixedStepInputs):
         self.ssd_has_initial = rows(False, torch.bool)
         self.ssd_checkpoint_offsets = rows(0)
         self.ssd_checkpoint_state_indices = rows(NULL_BLOCK_ID)
-        self.ssd_levels = self._levels() if levels else ((num_reqs, self.seq_idx.shape[0]),)
-        self._level_index = torch.arange(len(self.ssd_levels), device=self.device)
-        self.ssd_level_taken = self._level_index == len(self.ssd_levels) - 1
-        self.staged_ssd_level: int | None = len(self.ssd_levels) - 1
         self.staged_rows = (0, 0)  # (first SSD row, rows) of the staged step: host ints
         if checkpoints:
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
@@ -258,10 +299,11 @@ class Mamba2StepInputs(MixedStepInputs):
             "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
         }
 
-    def _levels(self) -> tuple[tuple[int, int], ...]:
-        capacity = self.seq_idx.shape[0]
-        rows = [1 << k for k in range(self.num_reqs.bit_length()) if 1 << k < self.num_reqs] + [self.num_reqs]
-        return tuple((r, min(capacity, self.ssd_spec.entry_rows(r, self.num_tokens)[0])) for r in rows)
+    def _chunk_capacity(self) -> int:
+        return self.seq_idx.shape[0]
+
+    def _chunk_bound(self, rows: int) -> int:
+        return self.ssd_spec.entry_rows(rows, self.num_tokens)[0]
 
     def _rows(
         self,
@@ -330,14 +372,7 @@ class Mamba2StepInputs(MixedStepInputs):
         if self.checkpoints:
             _copy_padded(self.ssd_checkpoint_offsets, checkpoint_offsets[first:], 0)
             _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
-        # the smallest level that holds the SSD rows (and so, by the tables' bound, their chunks),
-        # taken on the device by the graph's IF nodes; none without SSD rows
         self.staged_rows = (first, n - first)
-        self.staged_ssd_level = next((k for k, (r, _) in enumerate(self.ssd_levels) if r >= n - first), None)
-        if n == first:
-            self.staged_ssd_level = None
-        torch.eq(self._level_index, -1 if self.staged_ssd_level is None else self.staged_ssd_level,
-                 out=self.ssd_level_taken)  # fmt: skip
         return staged
 
 
@@ -447,23 +482,30 @@ def kda_mixed_forward(
         )
         for x, w, s in zip(mixed_qkv.split(projection, dim=-1), conv_weights, conv_states, strict=True)
     )
-    initial_state = ops.gather_initial_states(recurrent_state, inputs.state_indices, inputs.has_initial_state)
-    with inputs.fla_routed(ops.router):
-        out, last_state = ops.chunk_kda_with_fused_gate(
-            q=q,
-            k=k,
-            v=v,
-            raw_g=g1,
-            raw_beta=beta,
-            A_log=A_log,
-            g_bias=dt_bias,
-            lower_bound=lower_bound,
-            initial_state=initial_state,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=inputs.cu_seqlens,
-        )
-    recurrent_state[inputs.state_indices] = last_state
+    out = torch.empty_like(v)  # outside the levels: what follows the layer reads one address
+
+    def rule(rows: int, chunks: int) -> None:
+        state_indices = inputs.state_indices[:rows]
+        initial_state = ops.gather_initial_states(recurrent_state, state_indices, inputs.has_initial_state[:rows])
+        with inputs.fla_routed(ops.router, (rows, chunks)):
+            o, last_state = ops.chunk_kda_with_fused_gate(
+                q=q,
+                k=k,
+                v=v,
+                raw_g=g1,
+                raw_beta=beta,
+                A_log=A_log,
+                g_bias=dt_bias,
+                lower_bound=lower_bound,
+                initial_state=initial_state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                cu_seqlens=inputs.level_cu_seqlens(rows),
+            )
+        recurrent_state[state_indices] = last_state
+        out.copy_(o)
+
+    _by_level(inputs, rule)
     return out
 
 
@@ -516,25 +558,32 @@ def gdn_mixed_forward(
         apply_l2norm=True,
         output_g_exp=False,
     )
-    initial_state = ssm_state[inputs.state_indices]
-    # vLLM zeroes rows without a prior state with a boolean-mask assignment; where() gives the
-    # same values with no mask-to-index conversion
-    keep = inputs.has_initial_state.view(-1, *([1] * (initial_state.dim() - 1)))
-    initial_state = torch.where(keep, initial_state, torch.zeros((), dtype=initial_state.dtype, device=keep.device))
-    out, last_state = ops.chunk_gated_delta_rule(
-        q=q.unsqueeze(0),
-        k=k.unsqueeze(0),
-        v=v.unsqueeze(0),
-        g=g.unsqueeze(0),
-        beta=beta.unsqueeze(0),
-        initial_state=initial_state,
-        output_final_state=True,
-        cu_seqlens=inputs.cu_seqlens,
-        chunk_indices=inputs.chunk_indices,
-        chunk_offsets=inputs.chunk_offsets,
-        use_qk_l2norm_in_kernel=False,
-    )
-    ssm_state[inputs.state_indices] = last_state.to(ssm_state.dtype)
+    out = v.new_empty((1, *v.shape))  # outside the levels: what follows the layer reads one address
+
+    def rule(rows: int, chunks: int) -> None:
+        state_indices = inputs.state_indices[:rows]
+        initial_state = ssm_state[state_indices]
+        # vLLM zeroes rows without a prior state with a boolean-mask assignment; where() gives
+        # the same values with no mask-to-index conversion
+        keep = inputs.has_initial_state[:rows].view(-1, *([1] * (initial_state.dim() - 1)))
+        zero = torch.zeros((), dtype=initial_state.dtype, device=keep.device)
+        o, last_state = ops.chunk_gated_delta_rule(
+            q=q.unsqueeze(0),
+            k=k.unsqueeze(0),
+            v=v.unsqueeze(0),
+            g=g.unsqueeze(0),
+            beta=beta.unsqueeze(0),
+            initial_state=torch.where(keep, initial_state, zero),
+            output_final_state=True,
+            cu_seqlens=inputs.level_cu_seqlens(rows),
+            chunk_indices=inputs.chunk_indices[:chunks],
+            chunk_offsets=inputs.chunk_offsets[: rows + 1],
+            use_qk_l2norm_in_kernel=False,
+        )
+        ssm_state[state_indices] = last_state.to(ssm_state.dtype)
+        out.copy_(o)
+
+    _by_level(inputs, rule)
     return out
 
 
@@ -580,7 +629,7 @@ def mamba2_mixed_forward(
     ``output`` ``[num_tokens, num_heads * head_dim]`` and every real row's conv and SSM state.
 
     One ``causal_conv1d_fn`` over every row (decodes are one-token rows), then the SSD over the
-    bucket's SSD rows at the staged level (``_by_ssd_level``). ``inputs.decodes == "ssu"``
+    bucket's SSD rows at the staged level (``_by_level``). ``inputs.decodes == "ssu"``
     (vLLM's decode arithmetic): the SSD rows are the prefill rows and the decode rows run vLLM's
     ``selective_state_update`` on the bucket's first rows, their outputs merged in; ``"ssd"``:
     every row is an SSD row (not vLLM's rounding: the note's §3). Align mode
@@ -645,30 +694,30 @@ def mamba2_mixed_forward(
             )
             ssm_state[ssd_rows] = final_states
 
-    _by_ssd_level(inputs, ssd)
+    _by_level(inputs, ssd)
     if inputs.decodes == "ssu":
         _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias)
 
 
-def _by_ssd_level(inputs: Mamba2StepInputs, ssd) -> None:
-    """``ssd(rows, chunks)`` at the staged step's SSD level. Inside a CUDA graph capture, every
-    level in a graph IF node on ``inputs.ssd_level_taken`` (a replay runs the one its stage chose,
-    none for a step without SSD rows), or the bucket's capacity where this torch has no IF nodes;
-    eagerly, the staged level."""
-    levels = inputs.ssd_levels
+def _by_level(inputs: MixedStepInputs, run) -> None:
+    """``run(rows, chunks)`` at the staged step's level (``MixedStepInputs.levels``). Inside a
+    CUDA graph capture, every level in a graph IF node on ``inputs.level_taken`` (a replay runs
+    the one its stage chose, none for a step without rows), or the bucket's capacity where this
+    torch has no IF nodes; eagerly, the staged level."""
+    levels = inputs.levels
     capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     graph = _capturing_graph() if capturing and len(levels) > 1 else None  # levels: IF nodes probed
     if graph is not None:
         for k, level in enumerate(levels):
-            graph.begin_capture_to_if_node(inputs.ssd_level_taken[k])
+            graph.begin_capture_to_if_node(inputs.level_taken[k])
             try:
-                ssd(*level)
+                run(*level)
             finally:
                 graph.end_capture_to_conditional_node()
     elif capturing:
-        ssd(*levels[-1])
-    elif inputs.staged_ssd_level is not None:
-        ssd(*levels[inputs.staged_ssd_level])
+        run(*levels[-1])
+    elif inputs.staged_level is not None:
+        run(*levels[inputs.staged_level])
 
 
 def _capturing_graph():

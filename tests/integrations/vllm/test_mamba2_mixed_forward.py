@@ -173,7 +173,7 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
     gen, rng = torch.Generator().manual_seed(5), np.random.default_rng(7)
     weights = layer(gen)
     bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, checkpoints=checkpoints, decodes=decodes)
-    assert [r for r, _ in bucket.ssd_levels] == [1, 2, 4, 8]  # the SSD runs on sliced rows and tables
+    assert [r for r, _ in bucket.levels] == [1, 2, 4, 8]  # the SSD runs on sliced rows and tables
     levels_run = set()
     for _ in range(25):
         batch = qsl, slots, computed, num_decodes, offsets, checkpoint_slots = random_batch(rng, checkpoints)
@@ -196,15 +196,15 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
         )  # fmt: skip
         real = int(qsl[-1])
         assert torch.equal(output[:real], want[:real])
-        level = bucket.staged_ssd_level
+        level = bucket.staged_level
         levels_run.add(level)
         ssd_rows = qsl.shape[0] - 1 - (num_decodes if decodes == "ssu" else 0)
-        assert bucket.ssd_level_taken.tolist() == [k == level for k in range(len(bucket.ssd_levels))]
+        assert bucket.level_taken.tolist() == [k == level for k in range(len(bucket.levels))]
         if ssd_rows:
             # the staged level holds every SSD row and chunk (a smaller one would leave NaN above)
-            rows, chunks = bucket.ssd_levels[level]
+            rows, chunks = bucket.levels[level]
             assert ssd_rows <= rows and int(bucket.last_chunk_indices[ssd_rows - 1]) < chunks
-            assert level == 0 or bucket.ssd_levels[level - 1][0] < ssd_rows
+            assert level == 0 or bucket.levels[level - 1][0] < ssd_rows
         else:
             assert level is None
         # every cache line but the null block: the real rows' and checkpoints' as vLLM's, others untouched
@@ -213,15 +213,15 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
     assert len(levels_run) >= 2
 
 
-def test_ssd_levels_are_rows_in_powers_of_two_with_their_chunk_bound():
+def test_mamba2_levels_are_rows_in_powers_of_two_with_their_ssd_chunk_bound():
     capacity = TOKENS // CHUNK + 2 * REQS + 1  # the tables' bound (chunkmeta.tables._ssd_rows)
     bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK)
     assert bucket.seq_idx.shape[0] == capacity
-    assert bucket.ssd_levels == tuple((r, TOKENS // CHUNK + 2 * r + 1) for r in (1, 2, 4, 8))
+    assert bucket.levels == tuple((r, TOKENS // CHUNK + 2 * r + 1) for r in (1, 2, 4, 8))
     six = Mamba2StepInputs(TOKENS, 6, "cpu", chunk_size=CHUNK, checkpoints=True)  # two segments a row
-    assert six.ssd_levels == tuple((r, TOKENS // CHUNK + 4 * r + 1) for r in (1, 2, 4, 6))
+    assert six.levels == tuple((r, TOKENS // CHUNK + 4 * r + 1) for r in (1, 2, 4, 6))
     one = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, levels=False)
-    assert one.ssd_levels == ((REQS, capacity),) and one.ssd_level_taken.tolist() == [True]
+    assert one.levels == ((REQS, capacity),) and one.level_taken.tolist() == [True]
 
 
 def test_bad_input_is_refused_before_anything_runs():

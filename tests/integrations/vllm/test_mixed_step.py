@@ -154,19 +154,26 @@ class Recorder:
         return torch.zeros_like(kwargs["v"]), torch.full_like(kwargs["initial_state"], 2.0)
 
 
-def test_forwards_see_the_same_shapes_whatever_the_batch():
+@pytest.mark.parametrize("levels", [False, True])
+def test_forwards_see_the_same_shapes_whatever_the_batch(levels):
+    """Without levels every call has the bucket's shapes (what a capture without IF nodes
+    freezes); with them, every call of a level has that level's, whatever the batch (each level
+    is captured once, in its IF node)."""
     heads, dim = 2, 4
-    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu", levels=levels)
+    assert len(bucket.levels) == (1 if not levels else REQS.bit_length())
     rec = Recorder()
     kda_ops = KdaOps(rec.conv, rec.gather, rec.kda, rec)
     gdn_ops = GdnOps(rec.conv, rec.prep, rec.rule)
     recurrent = torch.randn(100, heads, dim, dim)
     ssm = torch.randn(100, 2 * heads, dim, dim)
-    seen = None
+    seen = {}
     rng = np.random.default_rng(5)
-    for _ in range(12):
+    for _ in range(24):
         qsl, states, computed = random_step(rng)
         bucket.stage(qsl, qsl, states, computed)
+        rows, chunks = bucket.levels[bucket.staged_level]
+        assert qsl.shape[0] - 1 <= rows and (not levels or bucket.staged_level == 0 or rows < 2 * (qsl.shape[0] - 1))
         rec.calls.clear()
         mixed_step.kda_mixed_forward(
             kda_ops, bucket, mixed_qkv=torch.randn(TOKENS, 3 * heads * dim), g1=torch.randn(1, TOKENS, heads, dim),
@@ -183,9 +190,9 @@ def test_forwards_see_the_same_shapes_whatever_the_batch():
             dt_bias=torch.zeros(2), num_k_heads=heads, head_k_dim=dim, head_v_dim=dim,
         )  # fmt: skip
         assert out.shape == (1, TOKENS, 2 * heads, dim) and (ssm[states.long()] == 2).all()
-        if seen is None:
-            seen = list(rec.calls)
-        assert rec.calls == seen  # shapes and dtypes of every argument: the batch changes none
+        # shapes and dtypes of every argument: the batch changes none within a level
+        assert rec.calls == seen.setdefault(bucket.staged_level, list(rec.calls))
+    assert len(seen) == len(bucket.levels) or len(seen) >= 3
     with pytest.raises(ChunkMetaError, match="pad to the bucket"):
         mixed_step.kda_mixed_forward(
             kda_ops, bucket, mixed_qkv=torch.randn(TOKENS - 1, 3 * heads * dim), g1=None, beta=None, conv_weights=(),
@@ -211,8 +218,10 @@ def test_gdn_initial_states_are_zeroed_as_vllm_zeroes_them():
         conv_weight=torch.randn(32, 4), conv_bias=None, activation="silu", conv_state=torch.randn(10, 32, 3),
         ssm_state=ssm.clone(), A_log=torch.zeros(2), dt_bias=torch.zeros(2), num_k_heads=1, head_k_dim=4, head_v_dim=4,
     )  # fmt: skip
-    want = ssm[bucket.state_indices.long()]
-    want[~bucket.has_initial_state, ...] = 0
+    rows = bucket.levels[bucket.staged_level][0]  # the staged level's rows: 3 real, 1 padded
+    assert rows == 4
+    want = ssm[bucket.state_indices[:rows].long()]
+    want[~bucket.has_initial_state[:rows], ...] = 0
     assert torch.equal(seen["initial"], want) and not want[0].any() and torch.equal(want[1], ssm[1])
 
 
@@ -263,7 +272,7 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints,
     tensors = [bucket.ssd_cu_chunk_seqlens, bucket.seq_idx, bucket.last_chunk_indices, bucket.cu_seqlens,
                bucket.state_indices, bucket.has_initial_state, bucket.decode_rows, bucket.ssd_cu_seqlens,
                bucket.ssd_state_indices, bucket.ssd_has_initial, bucket.ssd_checkpoint_offsets,
-               bucket.ssd_level_taken, bucket.conv.batch_ptr]  # fmt: skip
+               bucket.level_taken, bucket.conv.batch_ptr]  # fmt: skip
     fixed = [(t.shape, t.data_ptr()) for t in tensors]
     rng = np.random.default_rng(11)
     for _ in range(60):
@@ -297,9 +306,9 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints,
         else:
             assert bucket.checkpoint_chunk_idx is None
         # the level: the smallest whose rows hold the SSD rows, none without any
-        taken = [r >= rows and (j == 0 or bucket.ssd_levels[j - 1][0] < rows) for j, (r, _) in
-                 enumerate(bucket.ssd_levels)] if rows else [False] * len(bucket.ssd_levels)  # fmt: skip
-        assert bucket.ssd_level_taken.tolist() == taken
+        taken = [r >= rows and (j == 0 or bucket.levels[j - 1][0] < rows) for j, (r, _) in
+                 enumerate(bucket.levels)] if rows else [False] * len(bucket.levels)  # fmt: skip
+        assert bucket.level_taken.tolist() == taken
         assert bucket.cu_seqlens.tolist() == qsl.tolist() + [int(qsl[-1])] * (REQS - n)
         assert bucket.decode_rows.tolist() == [True] * decodes + [False] * (REQS - decodes)
         assert bucket.state_indices.tolist() == states.tolist() + [mixed_step.NULL_BLOCK_ID] * (REQS - n)

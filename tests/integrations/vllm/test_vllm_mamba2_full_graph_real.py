@@ -131,14 +131,14 @@ def test_a_mixed_capture_makes_a_bucket(configs, full_cls):
     assert builder.chunkmeta_stats()["mixed_buckets"] == [(BUCKET_TOKENS, MAX_NUM_SEQS)]
 
 
-def test_the_ssd_levels_follow_the_environment(configs, full_cls, monkeypatch):
+def test_the_levels_follow_the_environment(configs, full_cls, monkeypatch):
     def bucket():
         builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
         return builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
 
-    assert [r for r, _ in bucket().ssd_levels][-1] == MAX_NUM_SEQS and len(bucket().ssd_levels) > 1
-    monkeypatch.setenv(full_graph.SSD_LEVELS_ENV, "0")  # the comparison: the bucket's capacity alone
-    assert bucket().ssd_levels == ((MAX_NUM_SEQS, bucket().seq_idx.shape[0]),)
+    assert [r for r, _ in bucket().levels][-1] == MAX_NUM_SEQS and len(bucket().levels) > 1
+    monkeypatch.setenv(full_graph.LEVELS_ENV, "0")  # the comparison: the bucket's capacity alone
+    assert bucket().levels == ((MAX_NUM_SEQS, bucket().seq_idx.shape[0]),)
 
 
 def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):

@@ -644,9 +644,19 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
+        "--levels",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="1: the buckets' kernels on levels (CHUNKMETA_VLLM_LEVELS)",
+    )
+    parser.add_argument(
         "--simulate-graphs", action="store_true", help="--smoke: run the capture and replay paths with no graph"
     )
     args = parser.parse_args(argv)
+    from chunkmeta.integrations.vllm.full_graph import LEVELS_ENV
+
+    os.environ[LEVELS_ENV] = str(args.levels)  # read by every bucket made below
     for name, value in (SMOKE_DEFAULTS if args.smoke else DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -689,7 +699,8 @@ def main(argv: list[str]) -> int:
         sys.exit(f"builders: {errors}")
     builders = {"vllm_piecewise": made["vllm"], "chunkmeta_piecewise": made["chunkmeta"]}
     bench = Bench(shape, builders, loop.Ops(device), max_reqs, max_tokens, device, METHODS)
-    figures = {"model": shape.describe(), "smoke": args.smoke, "capture": mode, "steps_per_shape": args.steps}
+    figures = {"model": shape.describe(), "smoke": args.smoke, "capture": mode, "steps_per_shape": args.steps,
+               "levels": args.levels}  # fmt: skip
     parts = set(args.parts.split(","))
     figures["parts"] = sorted(parts)
     figures["exact"] = []

@@ -128,7 +128,7 @@ def run(args, device=None) -> dict:
     eager_forward = mamba_mixer2.MambaMixer2.conv_ssm_forward  # vLLM's, before install() patches it
     os.environ[full_graph.FULL_GRAPH_ENV] = "1"
     os.environ[full_graph.MAMBA2_DECODES_ENV] = args.decodes  # read when install() patches the layer
-    os.environ[full_graph.LEVELS_ENV] = str(getattr(args, "levels", 1))  # read per bucket
+    os.environ[full_graph.LEVELS_ENV] = str(getattr(args, "levels", 0))  # read per bucket
     adapter.install(adapter.load_vllm_api())
     graph_forward = mamba_mixer2.MambaMixer2.__dict__["conv_ssm_forward"]
     assert graph_forward is not eager_forward, "install() did not patch MambaMixer2.conv_ssm_forward"
@@ -247,8 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--levels", type=int, default=1, choices=(0, 1),
-        help="1: the SSD in graph IF nodes per level of rows and chunks (default); 0: at the bucket's capacity",
+        "--levels", type=int, default=0, choices=(0, 1),
+        help="1: the SSD in graph IF nodes per level of rows and chunks; 0: at the bucket's capacity (default)",
     )  # fmt: skip
     parser.add_argument("--timed", type=int, default=50, help="the last TIMED batches are also timed, each side")
     parser.add_argument(

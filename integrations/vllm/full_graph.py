@@ -86,8 +86,10 @@ MAMBA2_ARCHITECTURES = frozenset(
     }
 )
 MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's decodes ("ssu", "ssd")
-# "0": a bucket's state-carrying kernels run at its row and chunk capacity on every step (no
-# IF-node levels, mixed_step.MixedStepInputs), the comparison the levels have to win
+# "1": a bucket's state-carrying kernels run on levels of rows and chunks, one CUDA graph IF
+# node each (mixed_step.MixedStepInputs); off by default until measured on a GPU: torch gives
+# each IF body its own stream, so the caching allocator cannot reuse one body's temporaries in
+# the next, and a graph's memory may grow with layers x levels
 LEVELS_ENV = "CHUNKMETA_VLLM_LEVELS"
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
@@ -564,9 +566,9 @@ def _mamba2_ops(is_blackwell: bool) -> Mamba2Ops:
 
 
 def bucket_levels(device, environ=None) -> bool:
-    """A bucket's kernels on levels (``MixedStepInputs``): unless ``CHUNKMETA_VLLM_LEVELS=0`` or,
-    on CUDA, IF nodes do not capture here (one warning; every bucket keeps its capacity)."""
-    if (os.environ if environ is None else environ).get(LEVELS_ENV, "1").strip() == "0":
+    """A bucket's kernels on levels (``MixedStepInputs``): with ``CHUNKMETA_VLLM_LEVELS=1``,
+    unless on CUDA IF nodes do not capture here (one warning; every bucket keeps its capacity)."""
+    if (os.environ if environ is None else environ).get(LEVELS_ENV, "0").strip() != "1":
         return False
     if device.type == "cuda" and not if_nodes_capture(device.index):
         _warn_once("chunkmeta: CUDA graph IF nodes do not capture here: mixed-step buckets run at their capacity")

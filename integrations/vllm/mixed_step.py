@@ -702,8 +702,8 @@ def mamba2_mixed_forward(
 def _by_level(inputs: MixedStepInputs, run) -> None:
     """``run(rows, chunks)`` at the staged step's level (``MixedStepInputs.levels``). Inside a
     CUDA graph capture, every level in a graph IF node on ``inputs.level_taken`` (a replay runs
-    the one its stage chose, none for a step without rows), or the bucket's capacity where this
-    torch has no IF nodes; eagerly, the staged level."""
+    the one its stage chose, none for a step without rows), or the bucket's capacity where it
+    has one level; eagerly, the staged level."""
     levels = inputs.levels
     capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     graph = _capturing_graph() if capturing and len(levels) > 1 else None  # levels: IF nodes probed
@@ -716,8 +716,11 @@ def _by_level(inputs: MixedStepInputs, run) -> None:
                 graph.end_capture_to_conditional_node()
     elif capturing:
         run(*levels[-1])
-    elif inputs.staged_level is not None:
-        run(*levels[inputs.staged_level])
+    else:
+        # a step without rows (a Mamba2 step of decodes only) still runs the smallest level, on
+        # padding rows: the warm-up vLLM runs before a capture must compile and tune every kernel
+        # the captured levels launch (a first compile or autotune inside a capture fails it)
+        run(*levels[0 if inputs.staged_level is None else inputs.staged_level])
 
 
 def _capturing_graph():
@@ -730,8 +733,9 @@ def _capturing_graph():
 
 def if_nodes_capture(device_index: int) -> bool:
     """Whether a CUDA graph with an IF node captures on this device (torch's API, the driver's
-    conditional nodes): one tiny capture, no sync, once per process and device. Asked during
-    another capture (vLLM makes its buckets before capturing), the answer is no."""
+    conditional nodes): one tiny capture at start-up (``torch.cuda.graph`` synchronizes), once per
+    process and device. Asked during another capture (vLLM makes its buckets before capturing),
+    the answer is no. It does not check what a real body holds (allocations, Triton launches)."""
     graph_cls = torch.cuda.CUDAGraph
     if not hasattr(graph_cls, "begin_capture_to_if_node") or not hasattr(graph_cls, "get_currently_capturing_graph"):
         return False

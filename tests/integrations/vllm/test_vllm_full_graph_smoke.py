@@ -1,4 +1,5 @@
-"""``bench/vllm_full_graph.py --smoke`` on the real vLLM 0.33.0, CPU (`make test-vllm`; ~55 s).
+"""``bench/vllm_full_graph.py --smoke`` on the real vLLM 0.33.0, CPU (`make test-vllm`; ~55 s a run),
+without and with levels.
 
 The graph-safe mixed forwards (``integrations/vllm/mixed_step``: Kimi-Linear's KDA, Qwen3-Next's
 GDN) on their padded bucket (8 request rows, 16 tokens) against vLLM's eager non-spec path on the
@@ -22,9 +23,13 @@ if importlib.util.find_spec("vllm") is None:
 from test_vllm_step_loop_smoke import run_smoke
 
 
-def test_graph_safe_forward_equals_vllms_eager_path(tmp_path):
-    record = run_smoke(tmp_path, "bench/vllm_full_graph.py", "--exact-batches", "6", "--simulate-graphs")
+@pytest.mark.parametrize("levels", ["0", "1"])  # 1: every kernel on the staged level's rows and chunk rows
+def test_graph_safe_forward_equals_vllms_eager_path(tmp_path, levels):
+    record = run_smoke(
+        tmp_path, "bench/vllm_full_graph.py", "--exact-batches", "6", "--simulate-graphs", "--levels", levels
+    )
     assert record["figures"]["capture"] == "simulate"  # the capture and replay paths, with no graph
+    assert record["figures"]["levels"] == int(levels)
     kda, gdn, gdn_decodes = record["figures"]["exact"]
     for exact, layer in ((kda, "kda"), (gdn, "gdn"), (gdn_decodes, "gdn_with_decodes")):
         assert exact["layer"] == layer and exact["bit_identical"], exact

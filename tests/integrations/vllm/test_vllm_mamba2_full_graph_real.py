@@ -136,9 +136,10 @@ def test_the_levels_follow_the_environment(configs, full_cls, monkeypatch):
         builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
         return builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
 
-    assert [r for r, _ in bucket().levels][-1] == MAX_NUM_SEQS and len(bucket().levels) > 1
-    monkeypatch.setenv(full_graph.LEVELS_ENV, "0")  # the comparison: the bucket's capacity alone
+    monkeypatch.delenv(full_graph.LEVELS_ENV, raising=False)  # off by default: the bucket's capacity alone
     assert bucket().levels == ((MAX_NUM_SEQS, bucket().seq_idx.shape[0]),)
+    monkeypatch.setenv(full_graph.LEVELS_ENV, "1")
+    assert [r for r, _ in bucket().levels] == [1, 2, 4, 8, 16]
 
 
 def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):

@@ -232,11 +232,10 @@ def run(args, device=None) -> dict:
 
 def _timed(step) -> float:
     """Wall µs of one call, from an idle device to its work done."""
+    from chunkmeta.timing import host_us
+
     torch.cuda.synchronize()
-    started = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e6
+    return host_us(lambda: (step(), torch.cuda.synchronize()))
 
 
 def main(argv=None) -> int:

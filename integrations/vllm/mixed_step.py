@@ -118,7 +118,6 @@ class MixedStepInputs:
         entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
         self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
-        self._cu_seqlens_views = {num_reqs: self.cu_seqlens} if hasattr(self, "_cu_seqlens_table") else {}
         capacity = self._chunk_capacity()
         rows = [1 << k for k in range(num_reqs.bit_length()) if 1 << k < num_reqs] + [num_reqs]
         self.levels = (
@@ -162,6 +161,7 @@ class MixedStepInputs:
         fla = step["fla"]
         self._cu_seqlens_table = fla.cu_seqlens
         self.cu_seqlens = fla.cu_seqlens[: self.num_reqs + 1]
+        self._cu_seqlens_views = {self.num_reqs: self.cu_seqlens}  # level_cu_seqlens
         self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
 
     def fits(self, num_reqs: int, num_tokens: int) -> bool:
@@ -204,8 +204,7 @@ class MixedStepInputs:
             query_start_loc, query_start_loc_cpu, padded=True, **self._rows(num_computed_tokens, **rows)
         )
         _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
-        torch.gt(num_computed_tokens, 0, out=self.has_initial_state[:num_reqs])
-        self.has_initial_state[num_reqs:].fill_(False)
+        _has_prior_state(self.has_initial_state, num_computed_tokens)
         self._take_level(num_reqs - rows.get("first_seq", 0))  # the rows the leveled kernels see
         return self.staged
 
@@ -276,7 +275,7 @@ class Mamba2StepInputs(MixedStepInputs):
         self.ssd_has_initial = rows(False, torch.bool)
         self.ssd_checkpoint_offsets = rows(0)
         self.ssd_checkpoint_state_indices = rows(NULL_BLOCK_ID)
-        self.staged_rows = (0, 0)  # (first SSD row, rows) of the staged step: host ints
+        self.first_ssd_row = 0  # the staged step's: a host int (GroupInputs slices there too)
         if checkpoints:
             # a step's checkpoint_chunk_idx is None where no row has a checkpoint (vLLM's rule):
             # the bucket's is the region itself, from a build whose row has one (every step
@@ -367,12 +366,11 @@ class Mamba2StepInputs(MixedStepInputs):
         _copy_padded(self.ssd_cu_seqlens, query_start_loc[first:], total)
         torch.add(self._chunk_table, ahead, out=self.ssd_cu_chunk_seqlens)
         _copy_padded(self.ssd_state_indices, state_indices[first:], NULL_BLOCK_ID)
-        torch.gt(num_computed_tokens[first:], 0, out=self.ssd_has_initial[: n - first])
-        self.ssd_has_initial[n - first :].fill_(False)
+        _has_prior_state(self.ssd_has_initial, num_computed_tokens[first:])
         if self.checkpoints:
             _copy_padded(self.ssd_checkpoint_offsets, checkpoint_offsets[first:], 0)
             _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
-        self.staged_rows = (first, n - first)
+        self.first_ssd_row = first
         return staged
 
 
@@ -388,6 +386,13 @@ def _copy_padded(dst: torch.Tensor, src: torch.Tensor, pad) -> None:
     dst[:rows].copy_(src, non_blocking=True)
     if rows < dst.shape[0]:
         dst[rows:].fill_(pad)
+
+
+def _has_prior_state(dst: torch.Tensor, num_computed_tokens: torch.Tensor) -> None:
+    """``dst[:rows] = num_computed_tokens > 0`` (vLLM's rule, gdn_attn.py:560), the rest False."""
+    rows = num_computed_tokens.shape[0]
+    torch.gt(num_computed_tokens, 0, out=dst[:rows])
+    dst[rows:].fill_(False)
 
 
 class GroupInputs:
@@ -420,7 +425,7 @@ class GroupInputs:
             _check_rows("checkpoint_state_indices", checkpoint_state_indices, rows, self.state_indices.device)
         _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
         if isinstance(self.bucket, Mamba2StepInputs):
-            first = self.bucket.staged_rows[0]  # the bucket's SSD rows start there
+            first = self.bucket.first_ssd_row
             _copy_padded(self.ssd_state_indices, state_indices[first:], NULL_BLOCK_ID)
             if self.bucket.checkpoints:
                 _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
@@ -482,9 +487,8 @@ def kda_mixed_forward(
         )
         for x, w, s in zip(mixed_qkv.split(projection, dim=-1), conv_weights, conv_states, strict=True)
     )
-    out = torch.empty_like(v)  # outside the levels: what follows the layer reads one address
 
-    def rule(rows: int, chunks: int) -> None:
+    def rule(rows: int, chunks: int) -> torch.Tensor:
         state_indices = inputs.state_indices[:rows]
         initial_state = ops.gather_initial_states(recurrent_state, state_indices, inputs.has_initial_state[:rows])
         with inputs.fla_routed(ops.router, (rows, chunks)):
@@ -503,10 +507,9 @@ def kda_mixed_forward(
                 cu_seqlens=inputs.level_cu_seqlens(rows),
             )
         recurrent_state[state_indices] = last_state
-        out.copy_(o)
+        return o
 
-    _by_level(inputs, rule)
-    return out
+    return _by_level(inputs, rule, like=v)
 
 
 class GdnOps(NamedTuple):
@@ -558,9 +561,8 @@ def gdn_mixed_forward(
         apply_l2norm=True,
         output_g_exp=False,
     )
-    out = v.new_empty((1, *v.shape))  # outside the levels: what follows the layer reads one address
 
-    def rule(rows: int, chunks: int) -> None:
+    def rule(rows: int, chunks: int) -> torch.Tensor:
         state_indices = inputs.state_indices[:rows]
         initial_state = ssm_state[state_indices]
         # vLLM zeroes rows without a prior state with a boolean-mask assignment; where() gives
@@ -581,10 +583,9 @@ def gdn_mixed_forward(
             use_qk_l2norm_in_kernel=False,
         )
         ssm_state[state_indices] = last_state.to(ssm_state.dtype)
-        out.copy_(o)
+        return o
 
-    _by_level(inputs, rule)
-    return out
+    return _by_level(inputs, rule, like=v.unsqueeze(0))
 
 
 class Mamba2Ops(NamedTuple):
@@ -699,28 +700,31 @@ def mamba2_mixed_forward(
         _decode_rows_ssu(ops, inputs, hidden, dt, B, C, out, ssm_state, A, D, dt_bias)
 
 
-def _by_level(inputs: MixedStepInputs, run) -> None:
-    """``run(rows, chunks)`` at the staged step's level (``MixedStepInputs.levels``). Inside a
-    CUDA graph capture, every level in a graph IF node on ``inputs.level_taken`` (a replay runs
-    the one its stage chose, none for a step without rows), or the bucket's capacity where it
-    has one level; eagerly, the staged level."""
+def _by_level(inputs: MixedStepInputs, run, like: torch.Tensor | None = None):
+    """``run(rows, chunks)`` at the staged step's level (``MixedStepInputs.levels``), and its
+    result. Inside a CUDA graph capture, every level in a graph IF node on ``inputs.level_taken``
+    (a replay runs the one its stage chose, none for a step without rows), each result copied
+    into one tensor shaped ``like``, allocated before them (what follows reads one address), or
+    the bucket's capacity where it has one level; eagerly, the staged level."""
     levels = inputs.levels
     capturing = inputs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     graph = _capturing_graph() if capturing and len(levels) > 1 else None  # levels: IF nodes probed
-    if graph is not None:
-        for k, level in enumerate(levels):
-            graph.begin_capture_to_if_node(inputs.level_taken[k])
-            try:
-                run(*level)
-            finally:
-                graph.end_capture_to_conditional_node()
-    elif capturing:
-        run(*levels[-1])
-    else:
+    if graph is None:
         # a step without rows (a Mamba2 step of decodes only) still runs the smallest level, on
         # padding rows: the warm-up vLLM runs before a capture must compile and tune every kernel
         # the captured levels launch (a first compile or autotune inside a capture fails it)
-        run(*levels[0 if inputs.staged_level is None else inputs.staged_level])
+        staged = len(levels) - 1 if capturing else inputs.staged_level or 0
+        return run(*levels[staged])
+    out = None if like is None else torch.empty_like(like)
+    for k, level in enumerate(levels):
+        graph.begin_capture_to_if_node(inputs.level_taken[k])
+        try:
+            result = run(*level)
+            if out is not None:
+                out.copy_(result)
+        finally:
+            graph.end_capture_to_conditional_node()
+    return out
 
 
 def _capturing_graph():

@@ -464,11 +464,13 @@ def child(args) -> int:
     counter = llm.collective_rpc(lambda w: SyncCounter(engine, w))[0] if args.engine != "fake" else None
     counted = counter if counter is not None else engine
     batch = [(n, 24) for n in CORRECTNESS_PROMPTS]
-    compared = []
+    compared, watch, tuned = [], KernelWatch(), []
     for part, concurrency in ((batch, len(batch)), (CORRECTNESS_STAGGERED, 4)):
         serve(engine, correctness_requests(part, vocab, shift=1), concurrency, make_params)
         mixed = _mixed_steps(llm)  # the staggered part's compared pass's, in the end
+        watch.take()
         compared += serve(counted, correctness_requests(part, vocab), concurrency, make_params)["requests"]
+        tuned.append(watch.take())  # a compared pass that compiles or autotunes: its logprobs may differ
     if counter is not None:
         counter.undo()
     emit(
@@ -477,6 +479,7 @@ def child(args) -> int:
         logprobs=[r["logprobs"] for r in compared],
         syncs=counter.figures() if counter is not None else None,
         mixed_steps=_mixed_steps(llm) - mixed,  # of the staggered part's compared pass
+        triton=tuned,
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
@@ -487,7 +490,6 @@ def child(args) -> int:
             emit("not_engaged", reason=_why_not_engaged(after))
             return 0
 
-    watch = KernelWatch()
     for name in args.workloads:
         spec = WORKLOADS[name]
         for concurrency in args.concurrency.get(name, spec["concurrency"]):

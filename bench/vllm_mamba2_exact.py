@@ -163,15 +163,17 @@ def run(args, device=None) -> dict:
     for _ in range(2):
         forward(graph, graph_forward, staged, projected, output)
     capture_s = pool_bytes = None
-    if cuda:
+    eager = getattr(args, "eager", False) or not cuda  # the forward itself per batch, no graph
+    if not eager:
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
+        torch.cuda.empty_cache()  # then what the capture reserves is the graph's own pool
+        before = torch.cuda.memory_reserved()
         cuda_graph = torch.cuda.CUDAGraph()
         started = time.perf_counter()
         with torch.cuda.graph(cuda_graph, pool=torch.cuda.graph_pool_handle()):
             forward(graph, graph_forward, staged, projected, output)
         torch.cuda.synchronize()
-        capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_allocated() - before
+        capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_reserved() - before
     verdicts = {"output_prefill": 0, "output_decode": 0, "conv_states": 0, "ssm_states": 0}
     decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
     timings = {"vllm_eager_us": [], "chunkmeta_graph_us": []}
@@ -184,9 +186,11 @@ def run(args, device=None) -> dict:
             g.copy_(r)
         m = on_blocks(common_metadata(query, context, device))
         want_out = torch.zeros(n, HEADS * HEAD_DIM, dtype=torch.bfloat16, device=device)
-        forward(ref, eager_forward, stock.build(0, m), projected[:n], want_out)
+        # vLLM's decode conv (causal_conv1d_update) writes its output over its input, the step's
+        # projected states: the reference gets a copy, so both sides read the same inputs
+        forward(ref, eager_forward, stock.build(0, m), projected[:n].clone(), want_out)
         padded = on_blocks(full_padded_metadata(query, context, args.requests, args.tokens, device))
-        if cuda:
+        if not eager:
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")  # staging and replay: no sync
             try:
@@ -212,8 +216,11 @@ def run(args, device=None) -> dict:
             decode_max = max(decode_max, (got[:d].float() - want_out[:d].float()).abs().max().item())
         prefill_max = max(prefill_max, (got[d:].float() - want_out[d:].float()).abs().max().item())
         if not all(verdict.values()) and len(mismatches) < 5:
-            mismatches.append({"batch": b, "query_lens": query, "context_lens": context, **verdict})
-        if cuda and b >= args.batches - args.timed:
+            differ = rows_differ(query, got, want_out, graph.kv_cache, ref.kv_cache)
+            mismatches.append(
+                {"batch": b, "query_lens": query, "context_lens": context, **verdict, "rows_differ": differ}
+            )
+        if not eager and b >= args.batches - args.timed:
             # one layer's step, each side synchronized: vLLM's build + eager forward against
             # chunkmeta's stage + replay (a one-layer harness figure, not an engine one)
             timings["vllm_eager_us"].append(_timed(lambda: forward(ref, eager_forward, stock.build(0, m),
@@ -225,9 +232,20 @@ def run(args, device=None) -> dict:
         "max_abs_output_decode": decode_max, "max_abs_output_prefill": prefill_max, "mismatches": mismatches,
         "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
         "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"], "decodes": args.decodes,
-        "timed_batches": len(timings["vllm_eager_us"]), "levels": list(bucket.levels),
+        "timed_batches": len(timings["vllm_eager_us"]), "levels": list(bucket.levels), "graph": not eager,
         **{f"median_{k}": float(np.median(v)) for k, v in timings.items() if v},
     }  # fmt: skip
+
+
+def rows_differ(query, got, want, states, want_states) -> dict:
+    """The requests whose output rows, conv state or SSM state (block i + 1) differ, and by how much."""
+    bounds = np.cumsum([0] + list(query))
+    rows = [slice(bounds[i], bounds[i + 1]) for i in range(len(query))]
+    diff = {"output": [i for i, r in enumerate(rows) if not torch.equal(got[r], want[r])]}
+    for name, s, w in zip(("conv", "ssm"), states, want_states, strict=True):
+        diff[name] = [i for i in range(len(query)) if not torch.equal(s[i + 1], w[i + 1])]
+        diff[f"max_abs_{name}"] = (s[1:].float() - w[1:].float()).abs().max().item()
+    return diff
 
 
 def _timed(step) -> float:
@@ -249,6 +267,7 @@ def main(argv=None) -> int:
         "--levels", type=int, default=0, choices=(0, 1),
         help="1: the SSD in graph IF nodes per level of rows and chunks; 0: at the bucket's capacity (default)",
     )  # fmt: skip
+    parser.add_argument("--eager", action="store_true", help="the forward eagerly per batch, no graph (a diagnostic)")
     parser.add_argument("--timed", type=int, default=50, help="the last TIMED batches are also timed, each side")
     parser.add_argument(
         "--decodes", default="ssu", choices=("ssu", "ssd"),
@@ -258,6 +277,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("vllm_mamba2_exact: needs CUDA", file=sys.stderr)
         return 2
+    # vLLM's CUDA platform: on its CPU platform (the bundle's default) the Mamba2 ops are the CPU
+    # ones (ssd_combined.py:247), which the bundle lacks
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cuda")
     try:
         import vllm_bootstrap  # noqa: F401  the carried .vllm_bundle (docs/gpu.md)
     except ImportError:

@@ -31,6 +31,7 @@ FlashInfer-MLA is, FlashMLA and Triton-MLA are not: docs/vllm.md).
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -91,6 +92,14 @@ MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's d
 # each IF body its own stream, so the caching allocator cannot reuse one body's temporaries in
 # the next, and a graph's memory may grow with layers x levels
 LEVELS_ENV = "CHUNKMETA_VLLM_LEVELS"
+# A Mamba2 bucket's SSD at capacity allocates float32 states: its chunk rows twice (vLLM's
+# chunk-state and state-passing outputs, ssd_combined.py:103-126) and its rows' initial states,
+# 5 MiB each at Nemotron-Nano-9B-v2's mixer. A 256-token graph of 128 requests then needs ~3 GiB
+# in one layer, which vLLM did not count when it sized the KV cache (H100: out of memory in
+# capture, vllm_engine@2026-12-07T08:39:39Z). A bucket over the budget (MiB) is not made: its
+# graph is not captured and its steps stay on vLLM's path.
+MAMBA2_GRAPH_MIB_ENV = "CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB"
+MAMBA2_GRAPH_MIB = 512
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
@@ -358,7 +367,7 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
 
     def _new_bucket(self, num_tokens, num_reqs):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
-        return Mamba2StepInputs(
+        bucket = Mamba2StepInputs(
             num_tokens,
             num_reqs,
             self.device,
@@ -367,6 +376,14 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             decodes=_mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])),
             levels=bucket_levels(self.device),
         )
+        budget = _mamba2_graph_mib(os.environ.get(MAMBA2_GRAPH_MIB_ENV, str(MAMBA2_GRAPH_MIB)))
+        if bucket.ssd_state_rows() * math.prod(self.kv_cache_spec.shapes[1]) * 4 > budget << 20:
+            # one message for every such shape: one warning (graph_dispatch warns once per cause)
+            raise ChunkMetaError(
+                f"a mixed graph whose Mamba2 SSD at capacity needs more than {budget} MiB of states "
+                f"({MAMBA2_GRAPH_MIB_ENV}) is not captured"
+            )
+        return bucket
 
     def _capture_args(self, m):
         return (0, m, False)
@@ -592,6 +609,19 @@ def _mamba2_decodes(value: str) -> str:
         "chunkmeta: %s=%r is not one of %s: %r", MAMBA2_DECODES_ENV, value, MAMBA2_DECODES, MAMBA2_DECODES[0]
     )
     return MAMBA2_DECODES[0]
+
+
+@functools.cache
+def _mamba2_graph_mib(value: str) -> int:
+    """``CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB``: a whole number of MiB; one warning per value it cannot read."""
+    try:
+        budget = int(value)
+        if budget >= 0:
+            return budget
+    except ValueError:
+        pass
+    logger.warning("chunkmeta: %s=%r is not a whole number of MiB: %d", MAMBA2_GRAPH_MIB_ENV, value, MAMBA2_GRAPH_MIB)
+    return MAMBA2_GRAPH_MIB
 
 
 def mamba2_conv_ssm_forward(original):

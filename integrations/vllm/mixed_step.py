@@ -301,6 +301,12 @@ class Mamba2StepInputs(MixedStepInputs):
     def _chunk_capacity(self) -> int:
         return self.seq_idx.shape[0]
 
+    def ssd_state_rows(self) -> int:
+        """The SSM states the SSD allocates in a capture, counted in states: per level (each IF
+        body allocates its own), twice its chunk rows (vLLM's chunk states and their
+        state-passing output) and its rows' initial states."""
+        return sum(2 * chunks + rows for rows, chunks in self.levels)
+
     def _chunk_bound(self, rows: int) -> int:
         return self.ssd_spec.entry_rows(rows, self.num_tokens)[0]
 

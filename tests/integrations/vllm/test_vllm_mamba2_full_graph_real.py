@@ -142,6 +142,26 @@ def test_the_levels_follow_the_environment(configs, full_cls, monkeypatch):
     assert [r for r, _ in bucket().levels] == [1, 2, 4, 8, 16]
 
 
+def test_a_bucket_over_the_ssd_state_budget_is_not_made(configs, full_cls, monkeypatch, caplog):
+    state_bytes = 4 * int(np.prod(SPEC.shapes[1]))  # the SSD's states are float32
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    bucket = builder.chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS)  # the default budget holds it
+    rows = 2 * bucket.seq_idx.shape[0] + MAX_NUM_SEQS  # the chunk states twice, the initial states once
+    assert bucket.ssd_state_rows() == rows and rows * state_bytes <= full_graph.MAMBA2_GRAPH_MIB << 20
+    monkeypatch.setenv(full_graph.MAMBA2_GRAPH_MIB_ENV, "0")
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    with pytest.raises(ChunkMetaError, match=full_graph.MAMBA2_GRAPH_MIB_ENV):
+        builder.chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS)
+    # its capture takes vLLM's eager build: no bucket, no step ever staged for that graph
+    metadata = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS))
+    assert getattr(metadata, "chunkmeta_mixed", None) is None
+    assert builder.chunkmeta_stats()["mixed_buckets"] == []
+    monkeypatch.setenv(full_graph.MAMBA2_GRAPH_MIB_ENV, "many")
+    with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
+        assert full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE).chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS)
+    assert any("'many' is not a whole number of MiB" in r.getMessage() for r in caplog.records)
+
+
 def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
     builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
     stock = Builder(SPEC, LAYERS, configs["mamba2"], DEVICE)

@@ -55,6 +55,12 @@ METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-in
     },
 }
 DEFAULT_METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "vllm")  # vllm#2: the noise every ratio stands on
+# A model's first process on a machine compiles and autotunes, and its logprobs differ from those
+# of every later process, which load what it stored (H100, Nemotron-H: the first process of each
+# of two calls gave -7.598443 at one first token, every later one another value,
+# vllm_engine@2026-12-07T08:39:39Z and …08:44:35Z). The prime is that first process, vLLM's, the
+# correctness pass only: every compared process then starts warm. Its logprobs are in the record.
+PRIME = "vllm#prime"
 # Workloads: input and output length ranges (per request, uniform), concurrencies, prompts per
 # unit of concurrency (at least ``min``), shared prefix tokens and prefix groups. "seed": vLLM
 # #51862's (random ISL 8192 / OSL 128). "staggered": output lengths that differ, so requests end
@@ -546,8 +552,10 @@ def _why_not_engaged(after: dict) -> str:
 # ------------------------------------------------------------------ the parent: every (model, method), the record
 
 
-def run_one(model: str, method: str, args, log_dir: Path) -> dict:
-    """One engine process; its events, or why it stopped (the stage it had reached)."""
+def run_one(model: str, method: str, args, log_dir: Path, workloads: list[str] | None = None) -> dict:
+    """One engine process (``workloads``: the call's unless given); its events, or why it stopped
+    (the stage it had reached)."""
+    workloads = args.workloads if workloads is None else workloads
     log = log_dir / f"engine_{model}_{method}.log"
     cmd = [
         sys.executable,
@@ -560,7 +568,7 @@ def run_one(model: str, method: str, args, log_dir: Path) -> dict:
         "--engine",
         args.engine,
         "--workloads",
-        ",".join(args.workloads),
+        ",".join(workloads),
         "--concurrency",
         format_concurrency(args.concurrency),
         "--deadline",
@@ -784,6 +792,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting engines past this (0: none)")
     parser.add_argument("--start-reserve-s", type=float, default=START_RESERVE_S, help="budget an engine start needs")
     parser.add_argument("--smoke", action="store_true", help="CPU: the stand-in engine, small workloads")
+    parser.add_argument(
+        "--no-prime", dest="prime", action="store_false",
+        help=f"no {PRIME} process before each model's methods (the first compared one then starts cold)",
+    )  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -810,7 +822,8 @@ def main(argv: list[str]) -> int:
     rows = []
     for i, model in enumerate(args.models.split(",")):
         order = label_repeats(args.methods.split(","))
-        for method in order if i % 2 == 0 else order[::-1]:  # alternate which method starts cold
+        order = order if i % 2 == 0 else order[::-1]  # alternate the order between models
+        for method in [PRIME, *order] if args.prime else order:
             if args.deadline and time.time() > args.deadline - args.start_reserve_s:
                 rows.append(
                     {
@@ -826,7 +839,7 @@ def main(argv: list[str]) -> int:
             if reason:
                 rows.append({"model": model, "method": method, "seconds": 0, "events": [], "not_applicable": reason})
                 continue
-            rows.append(run_one(model, method, args, out))
+            rows.append(run_one(model, method, args, out, workloads=[] if method == PRIME else None))
             print(f"{model} {method}: {rows[-1].get('error', 'ok')} ({rows[-1]['seconds']} s)", flush=True)
     figures = summarize(rows)
     figures["engine_args"] = ENGINE_ARGS | {"per_model": MODEL_ARGS}

@@ -116,6 +116,10 @@ def test_smoke_run_writes_one_record_with_every_row(tmp_path):
         assert "not_applicable" not in figures["methods"][model]["chunkmeta_graphs"]
         assert "did not" not in figures["methods"][model]["chunkmeta_graphs"].get("reason", "")
     assert figures["logprobs"]["qwen3_5"]["chunkmeta"]["identical"] is True
+    # each model's first process is the prime (vLLM's, the correctness pass only): no row, its logprobs compared
+    assert [r["method"] for r in json.loads((tmp_path / "vllm_engine_rows.json").read_text())][:1] == ["vllm#prime"]
+    assert "error" not in figures["methods"]["nemotron_h"]["vllm#prime"]
+    assert "vllm#prime" in figures["logprobs"]["qwen3_5"]
 
 
 def test_a_failing_or_hanging_engine_gives_its_row_and_the_others_run(tmp_path):

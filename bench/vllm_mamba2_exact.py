@@ -176,7 +176,7 @@ def run(args, device=None) -> dict:
         capture_s, pool_bytes = time.perf_counter() - started, torch.cuda.memory_reserved() - before
     verdicts = {"output_prefill": 0, "output_decode": 0, "conv_states": 0, "ssm_states": 0}
     decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
-    timings = {"vllm_eager_us": [], "chunkmeta_graph_us": []}
+    timings = {"vllm_eager_us": [], "chunkmeta_graph_us": [], "vllm_forward_us": [], "chunkmeta_replay_us": []}
     for b in range(args.batches):
         query, context = random_batch(rng, args.requests, args.tokens)
         n, d = sum(query), sum(1 for q, c in zip(query, context, strict=True) if q == 1 and c > 0)
@@ -226,6 +226,13 @@ def run(args, device=None) -> dict:
             timings["vllm_eager_us"].append(_timed(lambda: forward(ref, eager_forward, stock.build(0, m),
                                                                    projected[:n], want_out)))  # fmt: skip
             timings["chunkmeta_graph_us"].append(_timed(lambda: (ours.build(0, padded), cuda_graph.replay())))
+            # the layer alone: in a model the step's build is shared by every Mamba2 layer (27 in
+            # Nemotron-Nano-9B-v2) and the forward is each layer's
+            built = stock.build(0, m)
+            timings["vllm_forward_us"].append(
+                _timed(lambda: forward(ref, eager_forward, built, projected[:n], want_out))
+            )
+            timings["chunkmeta_replay_us"].append(_timed(cuda_graph.replay))
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "batches": args.batches,
         "tokens": args.tokens, "requests": args.requests, "decode_rows": decode_rows, "identical_batches": verdicts,

@@ -87,11 +87,13 @@ def conv_cache(blocks: int, conv_dim: int, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.bfloat16, device=device)
 
 
-def random_batch(rng, requests: int, tokens: int):
+def random_batch(rng, requests: int, tokens: int, max_prefills: int = 0):
     """``(query_lens, context_lens)``: decodes first (vLLM's order), then prefill chunks of at
-    least two tokens, a fresh prompt or a later chunk over a cached prefix."""
+    least two tokens, a fresh prompt or a later chunk over a cached prefix; at most
+    ``max_prefills`` of them where it is not 0 (a bucket's SSD rows: vLLM dispatches a step of
+    more to its own path)."""
     real = int(rng.integers(1, requests + 1))
-    prefills = int(rng.integers(1, real + 1))
+    prefills = int(rng.integers(1, min(real, max_prefills or real) + 1))
     decodes = real - prefills
     budget = int(rng.integers(2 * prefills, tokens - decodes + 1))
     sizes = rng.multinomial(budget - 2 * prefills, [1 / prefills] * prefills) + 2
@@ -129,6 +131,8 @@ def run(args, device=None) -> dict:
     os.environ[full_graph.FULL_GRAPH_ENV] = "1"
     os.environ[full_graph.MAMBA2_DECODES_ENV] = args.decodes  # read when install() patches the layer
     os.environ[full_graph.LEVELS_ENV] = str(getattr(args, "levels", 0))  # read per bucket
+    ssd_rows = getattr(args, "ssd_rows", 0)
+    os.environ[full_graph.MAMBA2_SSD_ROWS_ENV] = str(ssd_rows)  # (Model Runner V2's buckets only)
     adapter.install(adapter.load_vllm_api())
     graph_forward = mamba_mixer2.MambaMixer2.__dict__["conv_ssm_forward"]
     assert graph_forward is not eager_forward, "install() did not patch MambaMixer2.conv_ssm_forward"
@@ -157,7 +161,7 @@ def run(args, device=None) -> dict:
 
     bucket = ours.build_for_cudagraph_capture(capture_metadata(args.tokens, args.requests, device)).chunkmeta_mixed
     # warm-up (Triton compiles and autotunes) on a staged batch, then capture on the same inputs
-    staged = ours.build(0, on_blocks(full_padded_metadata(*random_batch(rng, args.requests, args.tokens),
+    staged = ours.build(0, on_blocks(full_padded_metadata(*random_batch(rng, args.requests, args.tokens, ssd_rows),
                                                           args.requests, args.tokens, device)))  # fmt: skip
     assert staged.chunkmeta_mixed is bucket
     for _ in range(2):
@@ -178,7 +182,7 @@ def run(args, device=None) -> dict:
     decode_max, prefill_max, mismatches, decode_rows = 0.0, 0.0, [], 0
     timings = {"vllm_eager_us": [], "chunkmeta_graph_us": [], "vllm_forward_us": [], "chunkmeta_replay_us": []}
     for b in range(args.batches):
-        query, context = random_batch(rng, args.requests, args.tokens)
+        query, context = random_batch(rng, args.requests, args.tokens, ssd_rows)
         n, d = sum(query), sum(1 for q, c in zip(query, context, strict=True) if q == 1 and c > 0)
         projected.copy_(torch.randn(projected.shape, generator=gen, device=device).to(projected.dtype))
         for r, g in zip(ref.kv_cache, graph.kv_cache, strict=True):
@@ -240,6 +244,7 @@ def run(args, device=None) -> dict:
         "capture_s": capture_s, "graph_pool_bytes": pool_bytes, "staged_steps": ours.chunkmeta_mixed_steps,
         "mixed_fallbacks": ours.chunkmeta_stats()["mixed_fallbacks"], "decodes": args.decodes,
         "timed_batches": len(timings["vllm_eager_us"]), "levels": list(bucket.levels), "graph": not eager,
+        "ssd_rows": bucket.ssd_rows,
         **{f"median_{k}": float(np.median(v)) for k, v in timings.items() if v},
     }  # fmt: skip
 
@@ -275,6 +280,11 @@ def main(argv=None) -> int:
         help="1: the SSD in graph IF nodes per level of rows and chunks; 0: at the bucket's capacity (default)",
     )  # fmt: skip
     parser.add_argument("--eager", action="store_true", help="the forward eagerly per batch, no graph (a diagnostic)")
+    parser.add_argument(
+        "--ssd-rows", type=int, default=0,
+        help="the bucket's SSD rows under Model Runner V2 (CHUNKMETA_VLLM_MAMBA2_SSD_ROWS; batches of at most as "
+        "many prefills); 0: every row (default)",
+    )  # fmt: skip
     parser.add_argument("--timed", type=int, default=50, help="the last TIMED batches are also timed, each side")
     parser.add_argument(
         "--decodes", default="ssu", choices=("ssu", "ssd"),

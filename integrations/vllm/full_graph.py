@@ -31,6 +31,7 @@ FlashInfer-MLA is, FlashMLA and Triton-MLA are not: docs/vllm.md).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 
@@ -100,6 +101,13 @@ LEVELS_ENV = "CHUNKMETA_VLLM_LEVELS"
 # graph is not captured and its steps stay on vLLM's path.
 MAMBA2_GRAPH_MIB_ENV = "CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB"
 MAMBA2_GRAPH_MIB = 512
+# Under Model Runner V2, a Mamba2 graph's SSD holds this many prefill rows (its chunk rows the
+# tables' bound for them), not the graph's every row: without levels the SSD runs over the whole
+# chunk capacity, and each padding chunk stores, passes and reads a full state. A step with more
+# prefill rows is dispatched to vLLM's path (MixedDispatch.decide, from the step's scheduled
+# tokens); "0": every row (V1, whose dummy runs dispatch without a step to read, always).
+MAMBA2_SSD_ROWS_ENV = "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS"
+MAMBA2_SSD_ROWS = 2
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)
 
 
@@ -198,7 +206,8 @@ class FullGraphBuilderMixin:
             return super().build_for_cudagraph_capture(m)
         shape = (m.num_actual_tokens, m.num_reqs)
         try:
-            return self._staged_build(self.chunkmeta_bucket(*shape), self._capture_args(m), {}, strict=True)
+            bucket = self.chunkmeta_bucket(*shape)
+            return self._staged_build(bucket, self._capture_args(m), {}, strict=True, stage=self._stage_capture)
         except Exception as exc:  # noqa: BLE001  a bucket it cannot make or stage
             # No step is ever dispatched to that graph. Its capture takes the eager build (vLLM's
             # capture builder asserts a decode-sized batch, gdn_attn.py:799-808): a graph that
@@ -244,14 +253,14 @@ class FullGraphBuilderMixin:
             )
         return bucket
 
-    def _staged_build(self, bucket: MixedStepInputs, args: tuple, kwargs: dict, *, strict: bool):
+    def _staged_build(self, bucket: MixedStepInputs, args: tuple, kwargs: dict, *, strict: bool, stage=None):
         """vLLM's build() with no eager tables made (the patched layers read the bucket), then
-        the step staged: one fill launch. ``strict`` (a graph will replay it): a stage that fails
-        raises, as no other input can be given to that graph; otherwise the step gets the eager
-        tables instead, with one warning."""
+        the step staged (``stage``, default ``_stage``): one fill launch. ``strict`` (a graph will
+        replay it): a stage that fails raises, as no other input can be given to that graph;
+        otherwise the step gets the eager tables instead, with one warning."""
         metadata, request = self._chunkmeta_recorded_build(*args, **kwargs)
         try:
-            self._stage(bucket, metadata, args[1])
+            (stage or self._stage)(bucket, metadata, args[1])
         except Exception as exc:
             if strict:
                 raise
@@ -290,6 +299,16 @@ class FullGraphBuilderMixin:
 
     def _stage_view(self, view: GroupInputs, metadata) -> None:
         raise NotImplementedError
+
+    def _stage_capture(self, bucket, metadata, m) -> None:
+        """What a capture stages: its batch (a family whose bucket cannot take vLLM's capture
+        batch stages another of the same shape)."""
+        self._stage(bucket, metadata, m)
+
+    def chunkmeta_refuses(self, shape: tuple[int, int], scheduled) -> str | None:
+        """Why a step of ``scheduled`` tokens per request (host ints; None where the runner
+        gave none) cannot go to the mixed graph of ``shape``, beyond its shape, or None."""
+        return None
 
     def _mixed_fall_back(self, exc: Exception) -> None:
         cause = f"{type(exc).__name__}: {exc}"
@@ -367,16 +386,22 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
 
     def _new_bucket(self, num_tokens, num_reqs):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
+        decodes = _mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0]))
+        ssd_rows = None
+        if decodes == "ssu" and getattr(self.vllm_config, "use_v2_model_runner", False):
+            cap = _whole_number(MAMBA2_SSD_ROWS_ENV, os.environ.get(MAMBA2_SSD_ROWS_ENV, ""), MAMBA2_SSD_ROWS, "rows")
+            ssd_rows = min(cap, num_reqs) if cap else None
         bucket = Mamba2StepInputs(
             num_tokens,
             num_reqs,
             self.device,
             chunk_size=self.chunk_size,
             checkpoints=align,
-            decodes=_mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0])),
+            decodes=decodes,
             levels=bucket_levels(self.device),
+            ssd_rows=ssd_rows,
         )
-        budget = _mamba2_graph_mib(os.environ.get(MAMBA2_GRAPH_MIB_ENV, str(MAMBA2_GRAPH_MIB)))
+        budget = _whole_number(MAMBA2_GRAPH_MIB_ENV, os.environ.get(MAMBA2_GRAPH_MIB_ENV, ""), MAMBA2_GRAPH_MIB, "MiB")
         if bucket.ssd_state_rows() * math.prod(self.kv_cache_spec.shapes[1]) * 4 > budget << 20:
             # one message for every such shape: one warning (graph_dispatch warns once per cause)
             raise ChunkMetaError(
@@ -407,6 +432,43 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             num_decodes=decodes,
             **rows,
         )
+
+    def _stage_capture(self, bucket, metadata, m) -> None:
+        decodes = metadata.num_decodes
+        if m.num_reqs - decodes <= bucket.ssd_rows:
+            return self._stage(bucket, metadata, m)
+        # vLLM's capture batch spreads its tokens over every row, all prefills, more than the
+        # bucket's SSD rows. A graph's kernels and grids follow the bucket, not the values staged:
+        # the capture stages a step of the same tokens and rows whose prefills the bucket holds,
+        # the rows before them one token each (its warm-up runs every kernel the graph launches)
+        reqs, tokens = m.num_reqs, m.num_actual_tokens
+        prefills = min(bucket.ssd_rows, tokens - reqs)
+        decodes = reqs - prefills
+        share, extra = divmod(tokens - decodes, prefills)
+        lens = [1] * decodes + [share + (i < extra) for i in range(prefills)]
+        qsl_cpu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        zeros_cpu = torch.zeros(reqs, dtype=torch.int32)
+        rows = self._checkpoint_rows(None, decodes, reqs) if bucket.checkpoints else {}
+        bucket.stage(
+            qsl_cpu.to(self.device),
+            qsl_cpu,
+            _mamba2_state_rows(metadata),
+            zeros_cpu.to(self.device),
+            num_computed_tokens_cpu=zeros_cpu,
+            num_decodes=decodes,
+            **rows,
+        )
+
+    def chunkmeta_refuses(self, shape, scheduled):
+        bucket = self.chunkmeta_buckets.get(shape)
+        if bucket is None or bucket.ssd_rows >= bucket.num_reqs:
+            return None
+        if scheduled is None:  # fail closed: a step nobody counted
+            return "a Mamba2 graph of few SSD rows and a step whose scheduled tokens were not recorded"
+        threshold = getattr(self, "reorder_batch_threshold", None) or 1  # vLLM's decode rows: query <= it
+        if sum(1 for n in scheduled if n > threshold) > bucket.ssd_rows:
+            return f"more prefill rows than a Mamba2 graph's SSD rows ({MAMBA2_SSD_ROWS_ENV})"
+        return None
 
     def _checkpoint_rows(self, checkpoint, decodes: int, num_reqs: int) -> dict:
         """Every row's checkpoint offset (0 = none) and block: vLLM's are the prefill rows'
@@ -612,16 +674,19 @@ def _mamba2_decodes(value: str) -> str:
 
 
 @functools.cache
-def _mamba2_graph_mib(value: str) -> int:
-    """``CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB``: a whole number of MiB; one warning per value it cannot read."""
+def _whole_number(name: str, value: str, default: int, unit: str) -> int:
+    """An environment variable's whole number (``default`` where unset); one warning per value it
+    cannot read, which gives ``default``."""
+    if not value.strip():
+        return default
     try:
-        budget = int(value)
-        if budget >= 0:
-            return budget
+        number = int(value)
+        if number >= 0:
+            return number
     except ValueError:
         pass
-    logger.warning("chunkmeta: %s=%r is not a whole number of MiB: %d", MAMBA2_GRAPH_MIB_ENV, value, MAMBA2_GRAPH_MIB)
-    return MAMBA2_GRAPH_MIB
+    logger.warning("chunkmeta: %s=%r is not a whole number of %s: %d", name, value, unit, default)
+    return default
 
 
 def mamba2_conv_ssm_forward(original):

@@ -67,6 +67,9 @@ class MixedDispatch:
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
+        # the step in flight's scheduled tokens per request, host ints (record_steps), for a
+        # builder whose graphs hold fewer rows of some kind than of requests; None outside a step
+        self.scheduled: list[int] | None = None
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
 
@@ -81,7 +84,9 @@ class MixedDispatch:
             return True
         if uniform_decode and shape in self.added:
             return False
-        why = self.cannot_stage(shape)
+        why = self.cannot_stage(shape) or next(
+            (w for b in self.builders if (w := b.chunkmeta_refuses(shape, self.scheduled)) is not None), None
+        )
         if why is not None:
             self._turn_away(why)
             return False
@@ -262,6 +267,29 @@ def mrv2_dispatch(manager, record: MixedDispatch) -> None:
     manager.dispatch = dispatch
 
 
+def record_steps(runner, record: MixedDispatch) -> None:
+    """``runner.execute_model`` (this instance; wrapped once, the latest record read per call)
+    records the step's scheduled tokens per request on ``record`` while it runs: Model Runner V2
+    dispatches inside it, its dummy runs included (gpu/model_runner.py:920, 1799-1844)."""
+    runner._chunkmeta_record = record
+    if getattr(runner, "_chunkmeta_steps_recorded", False):
+        return
+    original = runner.execute_model
+
+    @functools.wraps(original)
+    def execute_model(scheduler_output, *args, **kwargs):
+        current = runner._chunkmeta_record
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+        current.scheduled = list(scheduled.values()) if isinstance(scheduled, dict) else None
+        try:
+            return original(scheduler_output, *args, **kwargs)
+        finally:
+            current.scheduled = None
+
+    runner.execute_model = execute_model
+    runner._chunkmeta_steps_recorded = True
+
+
 def mrv2_mixed_graphs(original):
     """MRV2's ``GPUModelRunner.initialize_kv_cache`` (it makes the builders and the graph manager,
     nothing captured yet), then the mixed graphs (chunkmeta's beside vLLM's under
@@ -292,6 +320,7 @@ def mrv2_mixed_graphs(original):
         except Exception as exc:  # noqa: BLE001  vLLM's descriptors as they were: mixed batches piecewise
             logger.warning("chunkmeta: no mixed-step graphs added (%s: %s)", type(exc).__name__, exc)
         mrv2_dispatch(manager, record)
+        record_steps(self, record)
         return result
 
     initialize_kv_cache.__qualname__ = f"chunkmeta.{RUNNER}.initialize_kv_cache"

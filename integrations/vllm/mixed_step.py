@@ -118,11 +118,9 @@ class MixedStepInputs:
         entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
         self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
-        capacity = self._chunk_capacity()
-        rows = [1 << k for k in range(num_reqs.bit_length()) if 1 << k < num_reqs] + [num_reqs]
-        self.levels = (
-            tuple((r, min(capacity, self._chunk_bound(r))) for r in rows) if levels else ((num_reqs, capacity),)
-        )
+        capacity, top = self._chunk_capacity(), self._level_rows()
+        rows = [1 << k for k in range(top.bit_length()) if 1 << k < top] + [top] if levels else [top]
+        self.levels = tuple((r, min(capacity, self._chunk_bound(r))) for r in rows)
         self._level_index = torch.arange(len(self.levels), device=self.device)
         self.level_taken = self._level_index == len(self.levels) - 1
         self.staged_level: int | None = len(self.levels) - 1
@@ -137,6 +135,15 @@ class MixedStepInputs:
     def _chunk_bound(self, rows: int) -> int:
         """The chunk rows of any step of at most ``rows`` rows (the tables' own bound)."""
         return self._fla_spec.entry_rows(rows, self.num_tokens)[0]
+
+    def _level_rows(self) -> int:
+        """The rows of the top level: every row of the bucket."""
+        return self.num_reqs
+
+    def _level_rows_of(self, query_start_loc_cpu, first_seq: int) -> int:
+        """The rows a step's leveled kernels see: every row from ``first_seq`` (the padded ones
+        too: their final states go to the null block, as vLLM's own path writes them)."""
+        return query_start_loc_cpu.shape[0] - 1 - first_seq
 
     def _take_level(self, rows: int) -> None:
         """The staged step's level: the smallest holding its ``rows`` (host int), none for none;
@@ -205,7 +212,7 @@ class MixedStepInputs:
         )
         _copy_padded(self.state_indices, state_indices, NULL_BLOCK_ID)
         _has_prior_state(self.has_initial_state, num_computed_tokens)
-        self._take_level(num_reqs - rows.get("first_seq", 0))  # the rows the leveled kernels see
+        self._take_level(self._level_rows_of(query_start_loc_cpu, rows.get("first_seq", 0)))
         return self.staged
 
     @contextlib.contextmanager
@@ -244,7 +251,10 @@ class Mamba2StepInputs(MixedStepInputs):
     ``last_chunk_indices``; padding chunks empty and on row 0, a row every level has) and, with
     ``checkpoints`` (align mode), ``ssd_checkpoint_offsets`` (0 = none), ``ssd_checkpoint_state_indices``
     and ``checkpoint_chunk_idx``. Its ``levels`` are the SSD's: rows of the SSD rows, chunks of
-    ``seq_idx``.
+    ``seq_idx``. ``ssd_rows`` (default ``num_reqs``; ``decodes="ssu"`` only): the SSD rows a step
+    may have, the top level's rows; its chunks are the tables' bound for them, so a bucket for
+    steps of few prefills runs no padding chunk past that bound; ``stage()`` refuses a step of
+    more SSD rows (``ChunkMetaError``).
 
     ``stage()`` takes every row's values in vLLM's order: the computed-token counts on both sides
     (Mamba2 cuts chunks on absolute positions), ``num_decodes`` and, with ``checkpoints``, each
@@ -260,10 +270,17 @@ class Mamba2StepInputs(MixedStepInputs):
         checkpoints: bool = False,
         decodes: str = "ssu",
         levels: bool = True,
+        ssd_rows: int | None = None,
     ):
         if decodes not in MAMBA2_DECODES:
             raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
-        self.checkpoints, self.decodes = checkpoints, decodes
+        if ssd_rows is None:
+            ssd_rows = num_reqs  # (a bad num_reqs is the base class's error)
+        elif not isinstance(ssd_rows, int) or isinstance(ssd_rows, bool) or not 1 <= ssd_rows <= num_reqs:
+            raise ChunkMetaError(f"ssd_rows={ssd_rows!r}: an int from 1 to the bucket's {num_reqs} requests.")
+        if decodes == "ssd" and ssd_rows != num_reqs:
+            raise ChunkMetaError(f"ssd_rows={ssd_rows}: with decodes='ssd' every row is an SSD row ({num_reqs}).")
+        self.checkpoints, self.decodes, self.ssd_rows = checkpoints, decodes, ssd_rows
         super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size, levels=levels)
         rows = lambda fill, dtype=torch.int32: torch.full((num_reqs,), fill, dtype=dtype, device=self.device)  # noqa: E731
         self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
@@ -310,6 +327,14 @@ class Mamba2StepInputs(MixedStepInputs):
     def _chunk_bound(self, rows: int) -> int:
         return self.ssd_spec.entry_rows(rows, self.num_tokens)[0]
 
+    def _level_rows(self) -> int:
+        return self.ssd_rows
+
+    def _level_rows_of(self, query_start_loc_cpu, first_seq: int) -> int:
+        # the trailing rows of no token (vLLM's padding, on the null block) are left out: no table
+        # gives them a chunk, and a bucket of few SSD rows has none of them to spare
+        return _rows_with_tokens(query_start_loc_cpu) - first_seq
+
     def _rows(
         self,
         num_computed_tokens,
@@ -355,6 +380,12 @@ class Mamba2StepInputs(MixedStepInputs):
         if self.checkpoints:
             _check_rows("checkpoint_state_indices", checkpoint_state_indices, n, self.device)
         first = num_decodes if self.decodes == "ssu" else 0  # the decode rows go through the SSU
+        ssd_rows = self._level_rows_of(query_start_loc_cpu, first) if n > 0 else 0
+        if ssd_rows > self.ssd_rows:
+            raise ChunkMetaError(
+                f"a step of {ssd_rows} SSD rows is over this bucket's {self.ssd_rows} (its SSD's rows and "
+                "chunks are sized for them): it runs eagerly."
+            )
         staged = super().stage(
             query_start_loc,
             query_start_loc_cpu,
@@ -378,6 +409,11 @@ class Mamba2StepInputs(MixedStepInputs):
             _copy_padded(self.ssd_checkpoint_state_indices, checkpoint_state_indices[first:], NULL_BLOCK_ID)
         self.first_ssd_row = first
         return staged
+
+
+def _rows_with_tokens(query_start_loc_cpu: torch.Tensor) -> int:
+    """The rows before the batch's trailing rows of no token (host only)."""
+    return int(torch.searchsorted(query_start_loc_cpu, query_start_loc_cpu[-1:]))
 
 
 def _check_rows(name: str, tensor, rows: int, device) -> None:

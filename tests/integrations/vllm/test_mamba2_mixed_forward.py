@@ -167,6 +167,40 @@ def layer(gen):
     )
 
 
+def stage_args(batch, checkpoints: bool) -> tuple[tuple, dict]:
+    """``Mamba2StepInputs.stage``'s arguments for a ``random_batch``."""
+    qsl, slots, computed, num_decodes, offsets, checkpoint_slots = batch
+    extra = {}
+    if checkpoints:
+        extra = dict(
+            checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets, checkpoint_state_indices=checkpoint_slots
+        )
+    return (qsl, qsl, slots, computed), dict(num_computed_tokens_cpu=computed, num_decodes=num_decodes, **extra)
+
+
+def check_step(bucket, weights, batch, gen) -> None:
+    """The staged step through ``mamba2_mixed_forward`` against vLLM's eager split on random
+    inputs (padded tokens too: garbage): its real output rows, and every cache line but the null
+    block (the real rows' and checkpoints' as vLLM's, others untouched). Output starts NaN: a
+    chunk the SSD skips would leave it so."""
+    hidden_states_B_C = torch.randn(TOKENS, DIM, generator=gen)
+    dt = torch.randn(TOKENS, HEADS, generator=gen)
+    conv_state = torch.randn(BLOCKS, DIM, WIDTH - 1, generator=gen)
+    ssm_state = torch.randn(BLOCKS, HEADS, HEAD_DIM, STATE, generator=gen)
+    want_conv, want_ssm = conv_state.clone(), ssm_state.clone()
+    want = eager_step(weights, batch, hidden_states_B_C, dt, want_conv, want_ssm)
+    output = torch.full((TOKENS, HEADS * HEAD_DIM), float("nan"))
+    mamba2_mixed_forward(
+        OPS, bucket, hidden_states_B_C=hidden_states_B_C, dt=dt, output=output, activation="silu",
+        conv_state=conv_state, ssm_state=ssm_state, num_heads=HEADS, head_dim=HEAD_DIM, n_groups=GROUPS,
+        state_len=WIDTH - 1, **weights,
+    )  # fmt: skip
+    real = int(batch[0][-1])
+    assert torch.equal(output[:real], want[:real])
+    assert torch.equal(conv_state[1:], want_conv[1:])
+    assert torch.equal(ssm_state[1:], want_ssm[1:])
+
+
 @pytest.mark.parametrize("decodes", ["ssu", "ssd"])
 @pytest.mark.parametrize("checkpoints", [False, True])
 def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
@@ -176,29 +210,15 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
     assert [r for r, _ in bucket.levels] == [1, 2, 4, 8]  # the SSD runs on sliced rows and tables
     levels_run = set()
     for _ in range(25):
-        batch = qsl, slots, computed, num_decodes, offsets, checkpoint_slots = random_batch(rng, checkpoints)
-        extra = {}
-        if checkpoints:
-            extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets,
-                         checkpoint_state_indices=checkpoint_slots)  # fmt: skip
-        bucket.stage(qsl, qsl, slots, computed, num_computed_tokens_cpu=computed, num_decodes=num_decodes, **extra)
-        hidden_states_B_C = torch.randn(TOKENS, DIM, generator=gen)  # padded tokens too: garbage
-        dt = torch.randn(TOKENS, HEADS, generator=gen)
-        conv_state = torch.randn(BLOCKS, DIM, WIDTH - 1, generator=gen)
-        ssm_state = torch.randn(BLOCKS, HEADS, HEAD_DIM, STATE, generator=gen)
-        want_conv, want_ssm = conv_state.clone(), ssm_state.clone()
-        want = eager_step(weights, batch, hidden_states_B_C, dt, want_conv, want_ssm)
-        output = torch.full((TOKENS, HEADS * HEAD_DIM), float("nan"))
-        mamba2_mixed_forward(
-            OPS, bucket, hidden_states_B_C=hidden_states_B_C, dt=dt, output=output, activation="silu",
-            conv_state=conv_state, ssm_state=ssm_state, num_heads=HEADS, head_dim=HEAD_DIM, n_groups=GROUPS,
-            state_len=WIDTH - 1, **weights,
-        )  # fmt: skip
-        real = int(qsl[-1])
-        assert torch.equal(output[:real], want[:real])
+        batch = qsl, _, _, num_decodes, _, _ = random_batch(rng, checkpoints)
+        args, kwargs = stage_args(batch, checkpoints)
+        bucket.stage(*args, **kwargs)
+        check_step(bucket, weights, batch, gen)
         level = bucket.staged_level
         levels_run.add(level)
-        ssd_rows = qsl.shape[0] - 1 - (num_decodes if decodes == "ssu" else 0)
+        # the SSD rows before the trailing rows of no token (vLLM's padding): the levels leave those out
+        with_tokens = int(torch.searchsorted(qsl, qsl[-1:]))
+        ssd_rows = with_tokens - (num_decodes if decodes == "ssu" else 0)
         assert bucket.level_taken.tolist() == [k == level for k in range(len(bucket.levels))]
         if ssd_rows:
             # the staged level holds every SSD row and chunk (a smaller one would leave NaN above)
@@ -207,10 +227,40 @@ def test_mixed_step_routes_every_row_as_vllms_eager_split(decodes, checkpoints):
             assert level == 0 or bucket.levels[level - 1][0] < ssd_rows
         else:
             assert level is None
-        # every cache line but the null block: the real rows' and checkpoints' as vLLM's, others untouched
-        assert torch.equal(conv_state[1:], want_conv[1:])
-        assert torch.equal(ssm_state[1:], want_ssm[1:])
     assert len(levels_run) >= 2
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+@pytest.mark.parametrize("levels", [False, True])
+def test_a_bucket_of_few_ssd_rows_serves_steps_within_them_and_refuses_the_others(checkpoints, levels):
+    gen, rng = torch.Generator().manual_seed(11), np.random.default_rng(13)
+    weights = layer(gen)
+    ssd_rows, segments = 2, 2 if checkpoints else 1
+    bucket = Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, checkpoints=checkpoints, levels=levels,
+                              ssd_rows=ssd_rows)  # fmt: skip
+    # its SSD's rows and chunks stop at the tables' bound for ssd_rows rows: no padding chunk past it
+    top = [1, 2] if levels else [2]
+    assert bucket.levels == tuple((r, TOKENS // CHUNK + 2 * segments * r + 1) for r in top)
+    served = refused = 0
+    for _ in range(40):
+        batch = qsl, _, _, num_decodes, _, _ = random_batch(rng, checkpoints)
+        args, kwargs = stage_args(batch, checkpoints)
+        if int(torch.searchsorted(qsl, qsl[-1:])) - num_decodes > ssd_rows:  # rows of tokens past the decodes
+            before = [t.clone() for t in (bucket.cu_seqlens, bucket.ssd_cu_seqlens, bucket.state_indices)]
+            with pytest.raises(ChunkMetaError, match=f"over this bucket's {ssd_rows}"):
+                bucket.stage(*args, **kwargs)
+            after = (bucket.cu_seqlens, bucket.ssd_cu_seqlens, bucket.state_indices)
+            assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # nothing written
+            refused += 1
+            continue
+        bucket.stage(*args, **kwargs)
+        check_step(bucket, weights, batch, gen)
+        served += 1
+    assert served >= 10 and refused >= 5
+    with pytest.raises(ChunkMetaError, match="ssd_rows"):
+        Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, ssd_rows=REQS + 1)
+    with pytest.raises(ChunkMetaError, match="every row is an SSD row"):
+        Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=CHUNK, decodes="ssd", ssd_rows=2)
 
 
 def test_mamba2_levels_are_rows_in_powers_of_two_with_their_ssd_chunk_bound():

@@ -305,9 +305,11 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints,
             assert bucket.ssd_checkpoint_state_indices.tolist() == (states + 100)[p:].tolist() + [0] * tail
         else:
             assert bucket.checkpoint_chunk_idx is None
-        # the level: the smallest whose rows hold the SSD rows, none without any
-        taken = [r >= rows and (j == 0 or bucket.levels[j - 1][0] < rows) for j, (r, _) in
-                 enumerate(bucket.levels)] if rows else [False] * len(bucket.levels)  # fmt: skip
+        # the level: the smallest whose rows hold the SSD rows of tokens (the trailing rows of none
+        # left out), none without any
+        held = int(torch.searchsorted(qsl, qsl[-1:])) - p
+        taken = [r >= held and (j == 0 or bucket.levels[j - 1][0] < held) for j, (r, _) in
+                 enumerate(bucket.levels)] if held > 0 else [False] * len(bucket.levels)  # fmt: skip
         assert bucket.level_taken.tolist() == taken
         assert bucket.cu_seqlens.tolist() == qsl.tolist() + [int(qsl[-1])] * (REQS - n)
         assert bucket.decode_rows.tolist() == [True] * decodes + [False] * (REQS - decodes)

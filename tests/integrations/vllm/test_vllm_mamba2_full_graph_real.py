@@ -162,6 +162,70 @@ def test_a_bucket_over_the_ssd_state_budget_is_not_made(configs, full_cls, monke
     assert any("'many' is not a whole number of MiB" in r.getMessage() for r in caplog.records)
 
 
+@pytest.fixture
+def mrv2(configs, monkeypatch):
+    """The Mamba2 config read as Model Runner V2's (vLLM 0.33.0's default; here V1 without Triton)."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert configs["mamba2"].use_v2_model_runner
+    return configs["mamba2"]
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_under_mrv2_a_bucket_holds_few_ssd_rows_and_its_capture_stages_them(mrv2, full_cls, monkeypatch, mode):
+    monkeypatch.setattr(mrv2.cache_config, "mamba_cache_mode", mode)
+    # vLLM's capture batch: every row a prefill of BUCKET_TOKENS / MAX_NUM_SEQS tokens
+    builder = full_cls(SPEC, LAYERS, mrv2, DEVICE)
+    bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
+    p = full_graph.MAMBA2_SSD_ROWS
+    assert bucket.ssd_rows == p and [r for r, _ in bucket.levels] == [p] and bucket.checkpoints == (mode == "align")
+    assert bucket.levels[0][1] < bucket.seq_idx.shape[0]  # the SSD stops short of the chunk capacity
+    # the capture staged a step of the same shape with p prefills: the rows before them one token each
+    assert bucket.first_ssd_row == MAX_NUM_SEQS - p
+    assert bucket.decode_rows.tolist() == [True] * (MAX_NUM_SEQS - p) + [False] * p
+    assert bucket.cu_seqlens[-1].item() == BUCKET_TOKENS
+    # a step within its rows is staged; one over them is refused, nothing staged
+    ok = builder.build(0, padded_metadata([1] * 5 + [40, 30], [9] * 5 + [0, 7], MAX_NUM_SEQS, BUCKET_TOKENS))
+    assert ok.chunkmeta_mixed is bucket and bucket.first_ssd_row == 5
+    over = padded_metadata([1] * 5 + [40, 30, 20], [9] * 5 + [0, 7, 0], MAX_NUM_SEQS, BUCKET_TOKENS)
+    assert getattr(builder.build(0, over), "chunkmeta_mixed", None) is None  # no runner hook: eager tables
+    assert any("over this bucket's 2" in cause for cause in builder.chunkmeta_stats()["mixed_fallbacks"])
+    monkeypatch.setenv(full_graph.MAMBA2_SSD_ROWS_ENV, "0")  # every row
+    every = full_cls(SPEC, LAYERS, mrv2, DEVICE).chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS)
+    assert every.ssd_rows == MAX_NUM_SEQS
+
+
+def test_under_v1_a_bucket_holds_every_ssd_row(configs, full_cls):
+    # V1's dummy runs dispatch outside execute_model: no step to count, so no cap to check
+    assert not configs["mamba2"].use_v2_model_runner
+    builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
+    assert builder.chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS).ssd_rows == MAX_NUM_SEQS
+    assert builder.chunkmeta_refuses((BUCKET_TOKENS, MAX_NUM_SEQS), None) is None
+
+
+def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
+    from chunkmeta.integrations.vllm import graph_dispatch
+
+    builder = full_cls(SPEC, LAYERS, mrv2, DEVICE)
+    shape = (BUCKET_TOKENS, MAX_NUM_SEQS)
+    builder.chunkmeta_bucket(*shape)
+    record = graph_dispatch.MixedDispatch([builder])
+    p = full_graph.MAMBA2_SSD_ROWS
+    record.scheduled = [1] * 9 + [60] * p  # decodes (one token) and p prefills
+    assert record.decide(shape) and record.current == shape
+    record.scheduled = [1] * 9 + [60] * (p + 1)
+    assert not record.decide(shape) and record.current is None
+    assert any("SSD rows" in why for why in record.turned_away)
+    record.scheduled = None  # a step nobody counted: fail closed
+    assert not record.decide(shape)
+    # the runner's execute_model counts each step while it runs (wrapped once, the latest record)
+    seen = []
+    runner = types.SimpleNamespace(execute_model=lambda out, **kw: seen.append(list(record.scheduled)))
+    graph_dispatch.record_steps(runner, record)
+    graph_dispatch.record_steps(runner, record)
+    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 7}), dummy_run=True)
+    assert seen == [[1, 7]] and record.scheduled is None
+
+
 def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):
     builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
     stock = Builder(SPEC, LAYERS, configs["mamba2"], DEVICE)

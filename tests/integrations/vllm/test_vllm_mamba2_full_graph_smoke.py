@@ -74,13 +74,20 @@ def plain_kernels(monkeypatch):
     adapter.uninstall()
 
 
-@pytest.mark.parametrize("decodes", ["ssu", "ssd"])  # (the plain kernels share one recurrence: both exact)
-def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(plain_kernels, monkeypatch, tmp_path, decodes):
-    for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES"):
+@pytest.mark.parametrize(
+    ("decodes", "ssd_rows"), [("ssu", 0), ("ssd", 0), ("ssu", 2)]
+)  # (the plain kernels share one recurrence: both decode modes exact)
+def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(
+    plain_kernels, monkeypatch, tmp_path, decodes, ssd_rows
+):
+    for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES", "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS"):
         monkeypatch.delenv(name, raising=False)  # the script sets them
+    if ssd_rows:  # a bucket of few SSD rows is Model Runner V2's (the capture stages a step it holds)
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     args = types.SimpleNamespace(
-        batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes, timed=0
-    )
+        batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes, timed=0,
+        ssd_rows=ssd_rows,
+    )  # fmt: skip
     SSU_ROWS.clear()
     result = exact.run(args, torch.device("cpu"))
     # the bucket's SSU over all its rows ran for "ssu" only (vLLM's batches have fewer decodes)
@@ -92,3 +99,5 @@ def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(plain_kerne
     assert (
         result["staged_steps"] == 24 + 2 and result["mixed_fallbacks"] == {}
     )  # capture + warm-up build, then one per batch
+    assert result["ssd_rows"] == (ssd_rows or plain.REQS)
+    assert [r for r, _ in result["levels"]] == [ssd_rows or plain.REQS]

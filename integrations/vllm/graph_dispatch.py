@@ -214,7 +214,14 @@ def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]
         if ours:
             at = next((k for k, d in enumerate(candidates) if d.cg_mode != CUDAGraphMode.FULL), len(candidates))
             candidates[at:at] = ours
-    manager._capture_descs[CUDAGraphMode.FULL] = sorted([*full, *added], key=lambda d: d.num_tokens, reverse=True)
+    # capture order, largest first as vLLM's: per size the mixed graphs before vLLM's decode one,
+    # most requests first. vLLM's memory profile captures the first two FULL graphs and counts
+    # the rest at the second's cost (cudagraph_utils.py:995-1039): the heaviest must be sampled
+    # (H100, Qwen3.5: 0.43 GiB estimated, 1.89 GiB taken, with vLLM's decode graph first)
+    ours = {id(d) for d in added}
+    manager._capture_descs[CUDAGraphMode.FULL] = sorted(
+        [*full, *added], key=lambda d: (d.num_tokens, id(d) in ours, d.num_reqs or 0), reverse=True
+    )
     return {(d.num_tokens, d.num_reqs) for d in added}
 
 

@@ -566,6 +566,11 @@ def test_mrv2_mixed_batches_replay_the_graph_of_their_request_bucket(piecewise_c
     # every added graph is captured, after vLLM's decode graphs of its size in the candidates
     captured = {(d.num_tokens, d.num_reqs) for d in mrv2_manager._capture_descs[full] if d.uniform_token_count is None}
     assert captured == shapes
+    # captured largest first, the mixed graphs of a size before vLLM's decode one and most requests
+    # first: vLLM's memory profile samples the first two FULL graphs (the heaviest)
+    order = [(d.num_tokens, d.num_reqs, d.uniform_token_count is None) for d in mrv2_manager._capture_descs[full]]
+    assert order[:2] == [(128, 16, True), (128, 8, True)]
+    assert order == sorted(order, key=lambda o: (o[0], o[2], o[1]), reverse=True)
 
 
 def test_mrv2_a_step_is_staged_exactly_when_dispatched_to_a_mixed_graph(piecewise_config, full_cls, mrv2_manager):

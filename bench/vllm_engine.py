@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -594,6 +595,9 @@ def run_one(model: str, method: str, args, log_dir: Path, workloads: list[str] |
     lines = log.read_text().splitlines()
     events = [json.loads(line[len(EVENT) :]) for line in lines if line.startswith(EVENT)]
     row = {"model": model, "method": method, "seconds": round(time.time() - started, 1), "events": events}
+    graphs = graph_figures(lines)
+    if graphs:
+        row["graphs"] = graphs
     stage = events[-1]["event"] if events else "process start"
     if rc is None:
         row["error"] = f"ran past {timeout:.0f} s after stage {stage!r}"
@@ -601,6 +605,24 @@ def run_one(model: str, method: str, args, log_dir: Path, workloads: list[str] |
         tail = [line for line in lines if line.strip()][-3:]
         row["error"] = f"exit {rc} after stage {stage!r}: " + " | ".join(tail)[-600:]
     return row
+
+
+# vLLM's own log lines at start-up (v1/worker/gpu/model_runner.py:1163, gpu_worker.py:1003): the
+# last capture (the first is its memory profile's) and its pool against the profile's estimate
+_CAPTURED = re.compile(r"Graph capturing finished in ([\d.]+) secs, took ([\d.]+) GiB")
+_POOL = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
+
+
+def graph_figures(lines: list[str]) -> dict:
+    """The engine's CUDA graph capture seconds and GiB, and its pool's actual and estimated GiB,
+    from vLLM's log lines (what a start-up spends on graphs; empty where vLLM logged none)."""
+    out = {}
+    for line in lines:
+        if found := _CAPTURED.search(line):
+            out["capture_s"], out["capture_gib"] = float(found[1]), float(found[2])
+        if found := _POOL.search(line):
+            out["pool_gib"], out["pool_estimated_gib"] = float(found[1]), float(found[2])
+    return out
 
 
 def base_method(method: str) -> str:
@@ -677,7 +699,7 @@ def summarize(rows: list[dict]) -> dict:
             event = _event(row, name)
             if event:
                 status.update({k: v for k, v in event.items() if k not in ("event", "t")})
-        for key in ("error", "not_applicable"):
+        for key in ("error", "not_applicable", "graphs"):
             if key in row:
                 status[key] = row[key]
         final = _event(row, "final") or _event(row, "wiring_after_correctness") or _event(row, "wiring")
@@ -745,7 +767,7 @@ def print_table(figures: dict) -> None:
             flag = status.get("error") or status.get("reason") or status.get("not_applicable") or ""
             print(
                 f"{model:12s} {method:17s} start {status.get('startup_s', '-')} s  builders {status.get('builders')} "
-                f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} {flag}"
+                f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} graphs {status.get('graphs')} {flag}"
             )
     print(
         f"{'model':12s} {'workload':8s} {'conc':>4s}  {'method':17s} {'tok/s':>9s} {'TTFT ms':>9s} "

@@ -174,3 +174,18 @@ def test_concurrency_argument_round_trips():
     assert vllm_engine.parse_concurrency(vllm_engine.format_concurrency(parsed)) == parsed
     with pytest.raises(ValueError, match="WORKLOAD one of"):
         vllm_engine.parse_concurrency("nope:1")
+
+
+def test_graph_figures_come_from_vllms_log_lines():
+    lines = [
+        "INFO 12-07 08:27:50 [model_runner.py:1163] Graph capturing finished in 2 secs, took 0.31 GiB",
+        "Capturing CUDA graphs (FULL): 100%",
+        "INFO 12-07 08:27:56 [model_runner.py:1163] Graph capturing finished in 6 secs, took 1.89 GiB",
+        "(MainProcess pid=1) INFO 12-07 08:27:56 [gpu_worker.py:1003] CUDA graph pool memory: 1.89 GiB (actual), "
+        "0.43 GiB (estimated), difference: 1.46 GiB (77.1%).",
+    ]
+    # the last capture (the first is vLLM's memory profile's) and the pool against the estimate
+    assert vllm_engine.graph_figures(lines) == {
+        "capture_s": 6.0, "capture_gib": 1.89, "pool_gib": 1.89, "pool_estimated_gib": 0.43
+    }  # fmt: skip
+    assert vllm_engine.graph_figures(["no graphs here"]) == {}

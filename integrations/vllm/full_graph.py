@@ -305,9 +305,9 @@ class FullGraphBuilderMixin:
         batch stages another of the same shape)."""
         self._stage(bucket, metadata, m)
 
-    def chunkmeta_refuses(self, shape: tuple[int, int], scheduled) -> str | None:
-        """Why a step of ``scheduled`` tokens per request (host ints; None where the runner
-        gave none) cannot go to the mixed graph of ``shape``, beyond its shape, or None."""
+    def chunkmeta_refuses(self, shape: tuple[int, int], step) -> str | None:
+        """Why a step (``graph_dispatch.StepRows``; None where the runner recorded none) cannot
+        go to the mixed graph of ``shape``, beyond its shape, or None."""
         return None
 
     def _mixed_fall_back(self, exc: Exception) -> None:
@@ -388,7 +388,11 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
         align = getattr(self.vllm_config.cache_config, "mamba_cache_mode", None) == "align"
         decodes = _mamba2_decodes(os.environ.get(MAMBA2_DECODES_ENV, MAMBA2_DECODES[0]))
         ssd_rows = None
-        if decodes == "ssu" and getattr(self.vllm_config, "use_v2_model_runner", False):
+        # MRV2 only (V1's dummy runs dispatch outside execute_model, with no step recorded), and
+        # one data parallel rank (ranks agree on a mode, then each dispatches its own batch)
+        parallel = getattr(self.vllm_config, "parallel_config", None)
+        one_rank = getattr(parallel, "data_parallel_size", 1) == 1
+        if decodes == "ssu" and one_rank and getattr(self.vllm_config, "use_v2_model_runner", False):
             cap = _whole_number(MAMBA2_SSD_ROWS_ENV, os.environ.get(MAMBA2_SSD_ROWS_ENV, ""), MAMBA2_SSD_ROWS, "rows")
             ssd_rows = min(cap, num_reqs) if cap else None
         bucket = Mamba2StepInputs(
@@ -459,14 +463,13 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             **rows,
         )
 
-    def chunkmeta_refuses(self, shape, scheduled):
+    def chunkmeta_refuses(self, shape, step):
         bucket = self.chunkmeta_buckets.get(shape)
         if bucket is None or bucket.ssd_rows >= bucket.num_reqs:
             return None
-        if scheduled is None:  # fail closed: a step nobody counted
-            return "a Mamba2 graph of few SSD rows and a step whose scheduled tokens were not recorded"
-        threshold = getattr(self, "reorder_batch_threshold", None) or 1  # vLLM's decode rows: query <= it
-        if sum(1 for n in scheduled if n > threshold) > bucket.ssd_rows:
+        if step is None:  # fail closed: a step nobody counted
+            return "a Mamba2 graph of few SSD rows and a step whose rows were not recorded"
+        if mamba2_prefill_rows(step) > bucket.ssd_rows:
             return f"more prefill rows than a Mamba2 graph's SSD rows ({MAMBA2_SSD_ROWS_ENV})"
         return None
 
@@ -658,6 +661,20 @@ def bucket_levels(device, environ=None) -> bool:
 @functools.cache
 def _warn_once(message: str) -> None:
     logger.warning(message)
+
+
+def mamba2_prefill_rows(step) -> int:
+    """The prefill rows vLLM's Mamba2 builder will count for a step (``graph_dispatch.StepRows``)
+    under Model Runner V2, without speculative decoding: MRV2 sorts one-token rows first, in the
+    scheduler's order, then the others by length (gpu/model_runner.py:2507-2519); the split puts
+    every row from the first prefill on among the prefills, a prefill being a row of more than
+    one token or a one-token first chunk of a prompt, with no state before it
+    (mamba_attn.py:404-455; utils.py:894-905). A request whose computed tokens the step does not
+    give counts as one without state."""
+    ones = [rid for rid, n in step.scheduled.items() if n == 1]
+    longer = sum(1 for n in step.scheduled.values() if n > 1)
+    first = next((k for k, rid in enumerate(ones) if step.computed.get(rid, 0) == 0), len(ones))
+    return longer + len(ones) - first
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 from itertools import product
+from typing import NamedTuple
 
 from chunkmeta.integrations.vllm.interface import logger
 
@@ -67,9 +68,9 @@ class MixedDispatch:
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
-        # the step in flight's scheduled tokens per request, host ints (record_steps), for a
-        # builder whose graphs hold fewer rows of some kind than of requests; None outside a step
-        self.scheduled: list[int] | None = None
+        # the step in flight's rows (record_steps), for a builder whose graphs hold fewer rows of
+        # some kind than of requests; None outside a step
+        self.step: StepRows | None = None
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
 
@@ -85,7 +86,7 @@ class MixedDispatch:
         if uniform_decode and shape in self.added:
             return False
         why = self.cannot_stage(shape) or next(
-            (w for b in self.builders if (w := b.chunkmeta_refuses(shape, self.scheduled)) is not None), None
+            (w for b in self.builders if (w := b.chunkmeta_refuses(shape, self.step)) is not None), None
         )
         if why is not None:
             self._turn_away(why)
@@ -119,21 +120,27 @@ class MixedDispatch:
             return set()
         if not self._active():
             return set()
-        kept = set()
-        for shape in shapes:
-            try:
-                for builder in self.builders:
-                    builder.chunkmeta_bucket(*shape)
-            except Exception as exc:  # noqa: BLE001  that graph is not captured: its steps run eagerly
-                self._turn_away(f"no bucket for a mixed graph ({type(exc).__name__}: {exc})")
-            else:
-                kept.add(shape)
-        return kept
+        return make_buckets(self.builders, shapes, self._turn_away)
 
     def _turn_away(self, why: str) -> None:
         count = self.turned_away[why] = self.turned_away.get(why, 0) + 1
         if count == 1:
             logger.warning("chunkmeta: a step stays off the mixed-step graphs: %s", why)
+
+
+def make_buckets(builders, shapes, turn_away) -> set:
+    """Of ``shapes``, those whose bucket every builder makes (made now); each other one's cause to
+    ``turn_away`` (that graph is not captured: its steps take vLLM's path)."""
+    kept = set()
+    for shape in shapes:
+        try:
+            for builder in builders:
+                builder.chunkmeta_bucket(*shape)
+        except Exception as exc:  # noqa: BLE001  (a bucket over its memory budget, a layout it cannot make)
+            turn_away(f"no bucket for a mixed graph ({type(exc).__name__}: {exc})")
+        else:
+            kept.add(shape)
+    return kept
 
 
 def mixed_full_eligible(vllm_config, attn_groups, builders) -> str | None:
@@ -188,8 +195,8 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
 
 def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]:
     """Under ``FULL_AND_PIECEWISE``, MRV2 descriptors ``(FULL, N, R)`` for mixed batches (module
-    docstring), each bucket made first: a bucket that cannot be made leaves vLLM's descriptors
-    as they were (raises). Returns the shapes added."""
+    docstring), each bucket made first: a shape whose bucket cannot be made gets no descriptor,
+    one warning per cause. Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
@@ -197,14 +204,14 @@ def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]
         return set()
     full = manager._capture_descs.get(CUDAGraphMode.FULL, [])
     sizes = sorted({d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, ()) if d.num_tokens > 1})
-    added = [
+    wanted = [
         desc
         for loras, n in product(manager.lora_capture_cases, sizes)
         for r in request_buckets(n, manager.max_num_reqs)
         if (desc := BatchExecutionDescriptor(CUDAGraphMode.FULL, n, r, num_active_loras=loras)) not in full
     ]
-    for builder, desc in product(builders, added):
-        builder.chunkmeta_bucket(desc.num_tokens, desc.num_reqs)
+    made = make_buckets(builders, {(d.num_tokens, d.num_reqs) for d in wanted}, _warn_once)
+    added = [d for d in wanted if (d.num_tokens, d.num_reqs) in made]
     # candidates: a batch of i tokens tries the FULL descriptors of the smallest size >= i first
     # (vLLM's decode ones, which take only decode batches), then these, smallest R first, then
     # the piecewise ones
@@ -274,9 +281,33 @@ def mrv2_dispatch(manager, record: MixedDispatch) -> None:
     manager.dispatch = dispatch
 
 
+class StepRows(NamedTuple):
+    """A step's rows as the scheduler gave them: ``scheduled`` tokens per request id, in the
+    scheduler's order, and each request's ``computed`` tokens before the step (where known)."""
+
+    scheduled: dict[str, int]
+    computed: dict[str, int]
+
+    @classmethod
+    def of(cls, scheduler_output) -> StepRows | None:
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+        if not isinstance(scheduled, dict):
+            return None
+        computed = {r.req_id: r.num_computed_tokens for r in getattr(scheduler_output, "scheduled_new_reqs", ())}
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+        return cls(scheduled, computed)
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    logger.warning("chunkmeta: a step stays off the mixed-step graphs: %s", why)
+
+
 def record_steps(runner, record: MixedDispatch) -> None:
     """``runner.execute_model`` (this instance; wrapped once, the latest record read per call)
-    records the step's scheduled tokens per request on ``record`` while it runs: Model Runner V2
+    records the step's rows (``StepRows``) on ``record`` while it runs: Model Runner V2
     dispatches inside it, its dummy runs included (gpu/model_runner.py:920, 1799-1844)."""
     runner._chunkmeta_record = record
     if getattr(runner, "_chunkmeta_steps_recorded", False):
@@ -286,12 +317,11 @@ def record_steps(runner, record: MixedDispatch) -> None:
     @functools.wraps(original)
     def execute_model(scheduler_output, *args, **kwargs):
         current = runner._chunkmeta_record
-        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
-        current.scheduled = list(scheduled.values()) if isinstance(scheduled, dict) else None
+        current.step = StepRows.of(scheduler_output)
         try:
             return original(scheduler_output, *args, **kwargs)
         finally:
-            current.scheduled = None
+            current.step = None
 
     runner.execute_model = execute_model
     runner._chunkmeta_steps_recorded = True
@@ -347,8 +377,9 @@ def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> set[tuple[int, 
     """Under ``FULL_AND_PIECEWISE``, V1 FULL keys for mixed batches, the ones
     ``cudagraph_mode=FULL`` would have (vLLM's ``_create_padded_batch_descriptor``: ``(size,
     min(size, max_num_seqs))``, not uniform); the dispatcher checks FULL keys before piecewise
-    ones (cudagraph_dispatcher.py:315-320). All or nothing (``mixed_full_eligible``, every
-    key's bucket made before any key is added). Returns the shapes added."""
+    ones (cudagraph_dispatcher.py:315-320). None unless ``mixed_full_eligible``; every key's
+    bucket made before any key is added, a key whose bucket cannot be made left out (one warning
+    per cause). Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
 
     if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
@@ -363,8 +394,8 @@ def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> set[tuple[int, 
         dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
         for size, loras in product(sizes, dispatcher._get_lora_cases())
     } - dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
-    for builder, key in product(builders, keys):
-        builder.chunkmeta_bucket(key.num_tokens, key.num_reqs)
+    made = make_buckets(builders, {(key.num_tokens, key.num_reqs) for key in keys}, _warn_once)
+    keys = {key for key in keys if (key.num_tokens, key.num_reqs) in made}
     for key in keys:
         dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
     logger.info("chunkmeta: %d FULL CUDA graph keys for mixed batches beside vLLM's FULL decode graphs", len(keys))

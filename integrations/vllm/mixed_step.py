@@ -321,8 +321,10 @@ class Mamba2StepInputs(MixedStepInputs):
     def ssd_state_rows(self) -> int:
         """The SSM states the SSD allocates in a capture, counted in states: per level (each IF
         body allocates its own), twice its chunk rows (vLLM's chunk states and their
-        state-passing output) and its rows' initial states."""
-        return sum(2 * chunks + rows for rows, chunks in self.levels)
+        state-passing output) and twice its rows (the initial states gathered, then masked),
+        once more with checkpoints (the final states taken from the chunk states)."""
+        per_row = 3 if self.checkpoints else 2
+        return sum(2 * chunks + per_row * rows for rows, chunks in self.levels)
 
     def _chunk_bound(self, rows: int) -> int:
         return self.ssd_spec.entry_rows(rows, self.num_tokens)[0]
@@ -332,8 +334,9 @@ class Mamba2StepInputs(MixedStepInputs):
 
     def _level_rows_of(self, query_start_loc_cpu, first_seq: int) -> int:
         # the trailing rows of no token (vLLM's padding, on the null block) are left out: no table
-        # gives them a chunk, and a bucket of few SSD rows has none of them to spare
-        return _rows_with_tokens(query_start_loc_cpu) - first_seq
+        # gives them a chunk, and a bucket of few SSD rows has none of them to spare (a step of
+        # decodes alone: vLLM's decode count takes the padding rows too, none left)
+        return max(0, _rows_with_tokens(query_start_loc_cpu) - first_seq)
 
     def _rows(
         self,

@@ -488,8 +488,9 @@ def test_no_mixed_keys_where_a_mixed_batch_could_miss_its_graph(configs, piecewi
     assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == set()
 
 
-def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
+def test_a_bucket_it_cannot_make_leaves_out_its_key_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
     decode_only = {(s, s, True) for s in (1, 2, 4, 8, 16)}
+    mixed = {(s, min(s, MAX_NUM_SEQS), False) for s in (2, 4, 8, 16, 32, 128)}  # not 64's
 
     def refuse(self, num_tokens, num_reqs):  # a bucket it cannot make, midway through the keys
         if num_tokens == 64:
@@ -500,9 +501,10 @@ def test_a_failure_adding_mixed_keys_keeps_vllms_keys_with_one_warning(piecewise
     monkeypatch.setattr(full_graph.FullGraphBuilderMixin, "chunkmeta_bucket", refuse)
     with caplog.at_level(logging.WARNING, logger="vllm.chunkmeta"):
         runner = _start_runner(piecewise_config, [full_cls])
-    assert _keys(runner) == decode_only  # all or nothing: vLLM's keys, mixed batches piecewise
-    warnings = [r for r in caplog.records if "no FULL graphs for mixed batches" in r.getMessage()]
-    assert len(warnings) == 1 and "no bucket for the test" in warnings[0].getMessage()
+    # that size's mixed batches piecewise, the other sizes' in their graphs
+    assert _keys(runner) == decode_only | mixed
+    warnings = [r for r in caplog.records if "no bucket for the test" in r.getMessage()]
+    assert len(warnings) == 1 and "stays off the mixed-step graphs" in warnings[0].getMessage()
 
 
 # -- Model Runner V2 (vLLM 0.33.0's default): request buckets, the dispatch decision -------------
@@ -571,6 +573,23 @@ def test_mrv2_mixed_batches_replay_the_graph_of_their_request_bucket(piecewise_c
     order = [(d.num_tokens, d.num_reqs, d.uniform_token_count is None) for d in mrv2_manager._capture_descs[full]]
     assert order[:2] == [(128, 16, True), (128, 8, True)]
     assert order == sorted(order, key=lambda o: (o[0], o[2], o[1]), reverse=True)
+
+
+def test_mrv2_a_bucket_it_cannot_make_leaves_out_its_descriptor(piecewise_config, full_cls, mrv2_manager, monkeypatch):
+    original = full_graph.FullGraphBuilderMixin.chunkmeta_bucket
+
+    def refuse(self, num_tokens, num_reqs):  # e.g. over a memory budget
+        if (num_tokens, num_reqs) == (32, 16):
+            raise ChunkMetaError("no bucket for the test")
+        return original(self, num_tokens, num_reqs)
+
+    monkeypatch.setattr(full_graph.FullGraphBuilderMixin, "chunkmeta_bucket", refuse)
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    added, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    assert (32, 8) in added and (32, 16) not in added and (64, 16) in added
+    # 12 requests at 20 tokens: no 32-token graph holds them, the next size's does
+    assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.FULL, 32, 8)
+    assert _mrv2_dispatch(mrv2_manager, 12, 20)[:2] != (CUDAGraphMode.FULL, 32)
 
 
 def test_mrv2_a_step_is_staged_exactly_when_dispatched_to_a_mixed_graph(piecewise_config, full_cls, mrv2_manager):

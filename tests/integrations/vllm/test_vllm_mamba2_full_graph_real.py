@@ -146,7 +146,8 @@ def test_a_bucket_over_the_ssd_state_budget_is_not_made(configs, full_cls, monke
     state_bytes = 4 * int(np.prod(SPEC.shapes[1]))  # the SSD's states are float32
     builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
     bucket = builder.chunkmeta_bucket(BUCKET_TOKENS, MAX_NUM_SEQS)  # the default budget holds it
-    rows = 2 * bucket.seq_idx.shape[0] + MAX_NUM_SEQS  # the chunk states twice, the initial states once
+    # the chunk states twice; the initial states gathered then masked, and with checkpoints the final states
+    rows = 2 * bucket.seq_idx.shape[0] + (3 if bucket.checkpoints else 2) * MAX_NUM_SEQS
     assert bucket.ssd_state_rows() == rows and rows * state_bytes <= full_graph.MAMBA2_GRAPH_MIB << 20
     monkeypatch.setenv(full_graph.MAMBA2_GRAPH_MIB_ENV, "0")
     builder = full_cls(SPEC, LAYERS, configs["mamba2"], DEVICE)
@@ -210,20 +211,59 @@ def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
     builder.chunkmeta_bucket(*shape)
     record = graph_dispatch.MixedDispatch([builder])
     p = full_graph.MAMBA2_SSD_ROWS
-    record.scheduled = [1] * 9 + [60] * p  # decodes (one token) and p prefills
-    assert record.decide(shape) and record.current == shape
-    record.scheduled = [1] * 9 + [60] * (p + 1)
+    decodes = {f"d{i}": 1 for i in range(9)}
+    computed = dict.fromkeys(decodes, 50)
+    record.step = graph_dispatch.StepRows({**decodes, "p0": 60, "p1": 30}, {**computed, "p0": 0, "p1": 7})
+    assert p == 2 and record.decide(shape) and record.current == shape
+    record.step = graph_dispatch.StepRows({**decodes, "p0": 60, "p1": 30, "p2": 9}, computed)
     assert not record.decide(shape) and record.current is None
     assert any("SSD rows" in why for why in record.turned_away)
-    record.scheduled = None  # a step nobody counted: fail closed
+    # a one-token first chunk of a prompt is a prefill, and vLLM's sort puts it among the
+    # one-token rows: every row after it is one too (3 here, and the decode after it)
+    record.step = graph_dispatch.StepRows({"d0": 1, "new": 1, "d1": 1, "p0": 40}, {"d0": 5, "new": 0, "d1": 5})
+    assert full_graph.mamba2_prefill_rows(record.step) == 3 and not record.decide(shape)
+    # a one-token chunk over a cached prefix is a decode row
+    record.step = graph_dispatch.StepRows({"d0": 1, "tail": 1, "d1": 1, "p0": 40}, {"d0": 5, "tail": 9, "d1": 5})
+    assert full_graph.mamba2_prefill_rows(record.step) == 1 and record.decide(shape)
+    record.step = None  # a step nobody counted: fail closed
     assert not record.decide(shape)
-    # the runner's execute_model counts each step while it runs (wrapped once, the latest record)
+    # the runner's execute_model records each step while it runs (wrapped once, the latest record)
     seen = []
-    runner = types.SimpleNamespace(execute_model=lambda out, **kw: seen.append(list(record.scheduled)))
+    runner = types.SimpleNamespace(execute_model=lambda out, **kw: seen.append(record.step))
     graph_dispatch.record_steps(runner, record)
     graph_dispatch.record_steps(runner, record)
-    runner.execute_model(types.SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 7}), dummy_run=True)
-    assert seen == [[1, 7]] and record.scheduled is None
+    output = types.SimpleNamespace(
+        num_scheduled_tokens={"a": 1, "b": 7},
+        scheduled_new_reqs=[types.SimpleNamespace(req_id="b", num_computed_tokens=0)],
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=["a"], num_computed_tokens=[12]),
+    )
+    runner.execute_model(output, dummy_run=True)
+    assert seen == [graph_dispatch.StepRows({"a": 1, "b": 7}, {"b": 0, "a": 12})] and record.step is None
+
+
+def test_the_prefill_rows_counted_at_dispatch_are_the_stock_builders(mrv2):
+    from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
+
+    from chunkmeta.integrations.vllm import graph_dispatch
+
+    stock = Builder(SPEC, LAYERS, mrv2, DEVICE)
+    rng = np.random.default_rng(21)
+    kinds = {"decode": 0, "one_token_prompt": 0, "prompt": 0}
+    for _ in range(60):
+        scheduled, computed = {}, {}
+        for i in range(int(rng.integers(1, 10))):
+            kind = rng.choice(list(kinds))
+            kinds[kind] += 1
+            rid = f"r{i}"
+            scheduled[rid] = 1 if kind != "prompt" else int(rng.integers(1, 30))
+            computed[rid] = int(rng.integers(1, 400)) if kind == "decode" or rng.random() < 0.5 else 0
+        order = sort_batch_req_ids(scheduled, {}, 1)  # MRV2's row order
+        metadata = vllm_real_batches.common_metadata(
+            [scheduled[r] for r in order], [computed[r] for r in order], DEVICE
+        )
+        want = stock.build(0, metadata).num_prefills
+        assert full_graph.mamba2_prefill_rows(graph_dispatch.StepRows(scheduled, computed)) == want
+    assert min(kinds.values()) > 20
 
 
 def test_steps_of_a_bucket_stage_the_stock_builders_values(configs, full_cls):

@@ -103,7 +103,7 @@ MAMBA2_GRAPH_MIB_ENV = "CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB"
 MAMBA2_GRAPH_MIB = 512
 # Under Model Runner V2, a Mamba2 graph's SSD holds this many prefill rows (its chunk rows the
 # tables' bound for them), not the graph's every row: without levels the SSD runs over the whole
-# chunk capacity, and each padding chunk stores, passes and reads a full state. A step with more
+# chunk capacity, and each padding chunk stores a full state and reads it back. A step with more
 # prefill rows is dispatched to vLLM's path (MixedDispatch.decide, from the step's scheduled
 # tokens); "0": every row (V1, whose dummy runs dispatch without a step to read, always).
 MAMBA2_SSD_ROWS_ENV = "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS"

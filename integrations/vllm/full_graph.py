@@ -94,18 +94,19 @@ MAMBA2_DECODES_ENV = "CHUNKMETA_VLLM_MAMBA2_DECODES"  # mamba2_mixed_forward's d
 # the next, and a graph's memory may grow with layers x levels
 LEVELS_ENV = "CHUNKMETA_VLLM_LEVELS"
 # A Mamba2 bucket's SSD at capacity allocates float32 states: its chunk rows twice (vLLM's
-# chunk-state and state-passing outputs, ssd_combined.py:103-126) and its rows' initial states,
-# 5 MiB each at Nemotron-Nano-9B-v2's mixer. A 256-token graph of 128 requests then needs ~3 GiB
-# in one layer, which vLLM did not count when it sized the KV cache (H100: out of memory in
-# capture, vllm_engine@2026-12-07T08:39:39Z). A bucket over the budget (MiB) is not made: its
-# graph is not captured and its steps stay on vLLM's path.
+# chunk-state and state-passing outputs, ssd_combined.py:103-126) and its rows' initial states
+# twice (gathered, then masked), 5 MiB each at Nemotron-Nano-9B-v2's mixer. A 256-token graph
+# of 128 requests then needs ~3 GiB in one layer, which vLLM did not count when it sized the KV
+# cache (H100: out of memory in capture, vllm_engine@2026-12-07T08:39:39Z). A bucket over the
+# budget (MiB) is not made: its graph is not captured and its steps stay on vLLM's path.
 MAMBA2_GRAPH_MIB_ENV = "CHUNKMETA_VLLM_MAMBA2_GRAPH_MIB"
 MAMBA2_GRAPH_MIB = 512
 # Under Model Runner V2, a Mamba2 graph's SSD holds this many prefill rows (its chunk rows the
 # tables' bound for them), not the graph's every row: without levels the SSD runs over the whole
 # chunk capacity, and each padding chunk stores a full state and reads it back. A step with more
-# prefill rows is dispatched to vLLM's path (MixedDispatch.decide, from the step's scheduled
-# tokens); "0": every row (V1, whose dummy runs dispatch without a step to read, always).
+# prefill rows, counted as vLLM's builder will (mamba2_prefill_rows), is dispatched to vLLM's path
+# (MixedDispatch.decide); "0": every row (V1, whose dummy runs dispatch without a step to read,
+# always).
 MAMBA2_SSD_ROWS_ENV = "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS"
 MAMBA2_SSD_ROWS = 2
 MAMBA_SSU_TRITON = "triton"  # the SSU backend mamba2_mixed_forward calls (config/mamba.py:25-40)

@@ -132,7 +132,9 @@ def run(args, device=None) -> dict:
     os.environ[full_graph.MAMBA2_DECODES_ENV] = args.decodes  # read when install() patches the layer
     os.environ[full_graph.LEVELS_ENV] = str(getattr(args, "levels", 0))  # read per bucket
     ssd_rows = getattr(args, "ssd_rows", 0)
-    os.environ[full_graph.MAMBA2_SSD_ROWS_ENV] = str(ssd_rows)  # (Model Runner V2's buckets only)
+    os.environ[full_graph.MAMBA2_SSD_ROWS_ENV] = str(ssd_rows)
+    if ssd_rows:  # a bucket of few SSD rows is Model Runner V2's (vLLM's default where Triton runs)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     adapter.install(adapter.load_vllm_api())
     graph_forward = mamba_mixer2.MambaMixer2.__dict__["conv_ssm_forward"]
     assert graph_forward is not eager_forward, "install() did not patch MambaMixer2.conv_ssm_forward"

@@ -80,10 +80,11 @@ def plain_kernels(monkeypatch):
 def test_vllms_eager_mixer_and_the_bucketed_one_agree_batch_by_batch(
     plain_kernels, monkeypatch, tmp_path, decodes, ssd_rows
 ):
-    for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES", "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS"):
-        monkeypatch.delenv(name, raising=False)  # the script sets them
-    if ssd_rows:  # a bucket of few SSD rows is Model Runner V2's (the capture stages a step it holds)
-        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    # the script sets these in os.environ: set here first, so that the test's end restores them
+    for name in ("CHUNKMETA_VLLM_FULL_GRAPH", "CHUNKMETA_VLLM_MAMBA2_DECODES", "CHUNKMETA_VLLM_MAMBA2_SSD_ROWS",
+                 "CHUNKMETA_VLLM_LEVELS"):  # fmt: skip
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1 (this machine's), MRV2 where the script asks
     args = types.SimpleNamespace(
         batches=24, tokens=plain.TOKENS, requests=plain.REQS, seed=3, out=str(tmp_path), decodes=decodes, timed=0,
         ssd_rows=ssd_rows,

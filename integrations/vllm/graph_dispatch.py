@@ -315,11 +315,11 @@ def record_steps(runner, record: MixedDispatch) -> None:
     original = runner.execute_model
 
     @functools.wraps(original)
-    def execute_model(scheduler_output, *args, **kwargs):
+    def execute_model(*args, **kwargs):
         current = runner._chunkmeta_record
-        current.step = StepRows.of(scheduler_output)
+        current.step = StepRows.of(args[0] if args else kwargs.get("scheduler_output"))
         try:
-            return original(scheduler_output, *args, **kwargs)
+            return original(*args, **kwargs)
         finally:
             current.step = None
 

@@ -229,7 +229,7 @@ def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
     assert not record.decide(shape)
     # the runner's execute_model records each step while it runs (wrapped once, the latest record)
     seen = []
-    runner = types.SimpleNamespace(execute_model=lambda out, **kw: seen.append(record.step))
+    runner = types.SimpleNamespace(execute_model=lambda *a, **kw: seen.append(record.step))
     graph_dispatch.record_steps(runner, record)
     graph_dispatch.record_steps(runner, record)
     output = types.SimpleNamespace(
@@ -238,7 +238,8 @@ def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
         scheduled_cached_reqs=types.SimpleNamespace(req_ids=["a"], num_computed_tokens=[12]),
     )
     runner.execute_model(output, dummy_run=True)
-    assert seen == [graph_dispatch.StepRows({"a": 1, "b": 7}, {"b": 0, "a": 12})] and record.step is None
+    runner.execute_model(scheduler_output=output)  # however the worker passes it
+    assert seen == [graph_dispatch.StepRows({"a": 1, "b": 7}, {"b": 0, "a": 12})] * 2 and record.step is None
 
 
 def test_the_prefill_rows_counted_at_dispatch_are_the_stock_builders(mrv2):

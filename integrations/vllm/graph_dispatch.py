@@ -193,10 +193,10 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
     return desc.num_tokens, desc.num_reqs
 
 
-def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]:
+def add_mixed_full_descs(manager, vllm_config, builders, turn_away) -> set[tuple[int, int]]:
     """Under ``FULL_AND_PIECEWISE``, MRV2 descriptors ``(FULL, N, R)`` for mixed batches (module
     docstring), each bucket made first: a shape whose bucket cannot be made gets no descriptor,
-    one warning per cause. Returns the shapes added."""
+    its cause to ``turn_away`` (``MixedDispatch._turn_away``). Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
@@ -210,7 +210,7 @@ def add_mixed_full_descs(manager, vllm_config, builders) -> set[tuple[int, int]]
         for r in request_buckets(n, manager.max_num_reqs)
         if (desc := BatchExecutionDescriptor(CUDAGraphMode.FULL, n, r, num_active_loras=loras)) not in full
     ]
-    made = make_buckets(builders, {(d.num_tokens, d.num_reqs) for d in wanted}, _warn_once)
+    made = make_buckets(builders, {(d.num_tokens, d.num_reqs) for d in wanted}, turn_away)
     added = [d for d in wanted if (d.num_tokens, d.num_reqs) in made]
     # candidates: a batch of i tokens tries the FULL descriptors of the smallest size >= i first
     # (vLLM's decode ones, which take only decode batches), then these, smallest R first, then
@@ -300,11 +300,6 @@ class StepRows(NamedTuple):
         return cls(scheduled, computed)
 
 
-@functools.cache
-def _warn_once(why: str) -> None:
-    logger.warning("chunkmeta: a step stays off the mixed-step graphs: %s", why)
-
-
 def record_steps(runner, record: MixedDispatch) -> None:
     """``runner.execute_model`` (this instance; wrapped once, the latest record read per call)
     records the step's rows (``StepRows``) on ``record`` while it runs: Model Runner V2
@@ -350,7 +345,7 @@ def mrv2_mixed_graphs(original):
                 if why:
                     logger.info("chunkmeta: mixed batches stay piecewise: %s", why)
                 else:
-                    record.added = add_mixed_full_descs(manager, self.vllm_config, builders)
+                    record.added = add_mixed_full_descs(manager, self.vllm_config, builders, record._turn_away)
                     logger.info("chunkmeta: %d FULL CUDA graphs for mixed batches beside vLLM's", len(record.added))
             elif manager.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
                 keep_stageable_descs(manager, record)
@@ -373,13 +368,13 @@ def v1_mixed_shape(mode, key) -> tuple[int, int] | None:
     return (key.num_tokens, key.num_reqs) if mode == CUDAGraphMode.FULL and not key.uniform else None
 
 
-def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> set[tuple[int, int]]:
+def add_mixed_full_keys(dispatcher, vllm_config, attn_groups, turn_away) -> set[tuple[int, int]]:
     """Under ``FULL_AND_PIECEWISE``, V1 FULL keys for mixed batches, the ones
     ``cudagraph_mode=FULL`` would have (vLLM's ``_create_padded_batch_descriptor``: ``(size,
     min(size, max_num_seqs))``, not uniform); the dispatcher checks FULL keys before piecewise
     ones (cudagraph_dispatcher.py:315-320). None unless ``mixed_full_eligible``; every key's
-    bucket made before any key is added, a key whose bucket cannot be made left out (one warning
-    per cause). Returns the shapes added."""
+    bucket made before any key is added, a key whose bucket cannot be made left out, its cause to
+    ``turn_away``. Returns the shapes added."""
     from vllm.config.compilation import CUDAGraphMode
 
     if dispatcher.cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
@@ -394,7 +389,7 @@ def add_mixed_full_keys(dispatcher, vllm_config, attn_groups) -> set[tuple[int, 
         dispatcher._create_padded_batch_descriptor(size, False, loras > 0, loras)
         for size, loras in product(sizes, dispatcher._get_lora_cases())
     } - dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
-    made = make_buckets(builders, {(key.num_tokens, key.num_reqs) for key in keys}, _warn_once)
+    made = make_buckets(builders, {(key.num_tokens, key.num_reqs) for key in keys}, turn_away)
     keys = {key for key in keys if (key.num_tokens, key.num_reqs) in made}
     for key in keys:
         dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, key)
@@ -455,7 +450,7 @@ def v1_mixed_graphs(original):
         record = MixedDispatch(builders)
         try:
             if dispatcher.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
-                record.added = add_mixed_full_keys(dispatcher, self.vllm_config, groups)
+                record.added = add_mixed_full_keys(dispatcher, self.vllm_config, groups, record._turn_away)
             elif dispatcher.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
                 keep_stageable_keys(dispatcher, self.vllm_config, record)
         except Exception as exc:  # noqa: BLE001  vLLM's keys as it made them: mixed batches piecewise

@@ -485,7 +485,7 @@ def test_no_mixed_keys_where_a_mixed_batch_could_miss_its_graph(configs, piecewi
     # speculative decoding: no graph-safe forward
     runner = _start_runner(piecewise_config, [stock])
     groups = [g for gs in runner.attn_groups for g in gs]
-    assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups) == set()
+    assert graph_dispatch.add_mixed_full_keys(runner.cudagraph_dispatcher, configs[True], groups, pytest.fail) == set()
 
 
 def test_a_bucket_it_cannot_make_leaves_out_its_key_with_one_warning(piecewise_config, full_cls, monkeypatch, caplog):
@@ -544,7 +544,7 @@ def _mrv2_dispatch(manager, num_reqs, num_tokens, *, decode=False, prefill=True)
 
 def _mrv2_wired(config, manager, builders):
     record = graph_dispatch.MixedDispatch(builders)
-    record.added = graph_dispatch.add_mixed_full_descs(manager, config, builders)
+    record.added = graph_dispatch.add_mixed_full_descs(manager, config, builders, record._turn_away)
     graph_dispatch.mrv2_dispatch(manager, record)
     return record.added, record
 

@@ -480,13 +480,23 @@ def child(args) -> int:
         tuned.append(watch.take())  # a compared pass that compiles or autotunes: its logprobs may differ
     if counter is not None:
         counter.undo()
+    mixed = _mixed_steps(llm) - mixed  # of the staggered part's compared pass
+    # the same requests again in this process, the prefix cache emptied: whether this process's
+    # kernels give the same bits twice (if not, no two processes can be expected to)
+    again = []
+    if hasattr(llm, "reset_prefix_cache"):
+        llm.reset_prefix_cache()
+        for part, concurrency in ((batch, len(batch)), (CORRECTNESS_STAGGERED, 4)):
+            again += serve(engine, correctness_requests(part, vocab), concurrency, make_params)["requests"]
     emit(
         "correctness",
         tokens=[r["tokens"] for r in compared],
         logprobs=[r["logprobs"] for r in compared],
         syncs=counter.figures() if counter is not None else None,
-        mixed_steps=_mixed_steps(llm) - mixed,  # of the staggered part's compared pass
+        mixed_steps=mixed,
         triton=tuned,
+        repeat=first_divergence(compared, again) if again else None,
+        kernel_configs=kernel_configs(),
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
@@ -529,6 +539,36 @@ def correctness_requests(part, vocab: int, shift: int = 0) -> list[tuple[list[in
         else:
             ids = [(7 * j + index + 13 * shift) % (vocab - 20) + 10 for j in range(length)]
         out.append((ids, osl))
+    return out
+
+
+def kernel_configs() -> dict[str, str]:
+    """The launch config each autotuned kernel of this process runs: Triton's ``@autotune``
+    kernels (vLLM's Mamba2 SSD, FLA's) and inductor's compiled ones, by name. A choice made by
+    timing differs between processes, and with it the last bits of a reduction."""
+    import gc
+
+    out: dict[str, str] = {}
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return out
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        CachingAutotuner = None  # noqa: N806
+    for obj in gc.get_objects():
+        if isinstance(obj, Autotuner) and getattr(obj, "best_config", None) is not None:
+            name, config = obj.base_fn.__name__, str(obj.best_config)
+        elif CachingAutotuner is not None and isinstance(obj, CachingAutotuner) and len(obj.launchers) == 1:
+            name, config = f"inductor:{obj.fn.__name__}", str(obj.launchers[0].config)
+        else:
+            continue
+        key, n = name, 1
+        while key in out and out[key] != config:  # one name, several kernels (inductor's per graph)
+            n += 1
+            key = f"{name}#{n}"
+        out[key] = config
     return out
 
 
@@ -735,29 +775,43 @@ def summarize(rows: list[dict]) -> dict:
     return {"rows": out_rows, "methods": methods, "logprobs": {m: compare_logprobs(c) for m, c in correctness.items()}}
 
 
+def first_divergence(base: list[dict], check: list[dict], names=("first", "second")) -> dict:
+    """Two passes' requests (``tokens``, ``logprobs`` each): equal, or where they first differ."""
+    first = None
+    for i, (ra, rb) in enumerate(zip(base, check, strict=False)):
+        for j, (a, b, x, y) in enumerate(zip(ra["tokens"], rb["tokens"], ra["logprobs"], rb["logprobs"], strict=False)):
+            if a != b or x != y:
+                first = {"request": i, "position": j, names[0]: [a, x], names[1]: [b, y]}
+                break
+        if first or len(ra["tokens"]) != len(rb["tokens"]):
+            first = first or {"request": i, "lengths": [len(ra["tokens"]), len(rb["tokens"])]}
+            break
+    if first is None and len(base) != len(check):
+        first = {"requests": [len(base), len(check)]}
+    return {"identical": first is None, "first_divergence": first}
+
+
+def _requests_of(check: dict) -> list[dict]:
+    return [{"tokens": t, "logprobs": lp} for t, lp in zip(check["tokens"], check["logprobs"], strict=True)]
+
+
 def compare_logprobs(by_method: dict) -> dict:
-    """Every method's greedy tokens and logprobs against vLLM's: equal, or where they first differ."""
+    """Every method's greedy tokens and logprobs against vLLM's: equal, or where they first differ;
+    each process's own repeat; the autotuned kernels whose configs differ from vLLM's process's."""
     base = by_method.get("vllm")
     out = {}
     if base is None:
         return {"note": "no vllm row to compare with"}
     distinct = len({t for req in base["tokens"] for t in req})
     out["distinct_tokens_vllm"] = distinct
+    out["repeat_vllm"] = base.get("repeat")
     for method, check in by_method.items():
         if method == "vllm":
             continue
-        first = None
-        for i, (ta, tb, la, lb) in enumerate(
-            zip(base["tokens"], check["tokens"], base["logprobs"], check["logprobs"], strict=False)
-        ):
-            for j, (a, b, x, y) in enumerate(zip(ta, tb, la, lb, strict=False)):
-                if a != b or x != y:
-                    first = {"request": i, "position": j, "vllm": [a, x], method: [b, y]}
-                    break
-            if first or len(ta) != len(tb):
-                first = first or {"request": i, "lengths": [len(ta), len(tb)]}
-                break
-        out[method] = {"identical": first is None, "first_divergence": first}
+        out[method] = first_divergence(_requests_of(base), _requests_of(check), ("vllm", method))
+        out[method]["repeat"] = check.get("repeat")
+        ours, theirs = check.get("kernel_configs") or {}, base.get("kernel_configs") or {}
+        out[method]["configs_differ"] = sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k])
     return out
 
 

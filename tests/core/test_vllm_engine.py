@@ -89,11 +89,17 @@ def test_logprob_comparison_names_the_first_divergence():
     same = json.loads(json.dumps(base))
     other = json.loads(json.dumps(base))
     other["logprobs"][1][1] = -0.55
+    base["kernel_configs"] = {"_chunk_scan_fwd_kernel": "BLOCK_SIZE_M: 64", "inductor:triton_red_0": "XBLOCK: 1"}
+    other["kernel_configs"] = {"_chunk_scan_fwd_kernel": "BLOCK_SIZE_M: 32", "inductor:triton_red_0": "XBLOCK: 1"}
+    other["repeat"] = {"identical": True, "first_divergence": None}
     out = vllm_engine.compare_logprobs({"vllm": base, "chunkmeta": same, "chunkmeta_graphs": other})
-    assert out["chunkmeta"] == {"identical": True, "first_divergence": None}
+    assert out["chunkmeta"]["identical"] is True and out["chunkmeta"]["first_divergence"] is None
     assert out["chunkmeta_graphs"]["identical"] is False
     assert out["chunkmeta_graphs"]["first_divergence"]["request"] == 1
     assert out["chunkmeta_graphs"]["first_divergence"]["position"] == 1
+    # the kernels that ran another autotuned config than vLLM's process: a named cause for a divergence
+    assert out["chunkmeta_graphs"]["configs_differ"] == ["_chunk_scan_fwd_kernel"]
+    assert out["chunkmeta_graphs"]["repeat"]["identical"] is True
 
 
 def _run(tmp_path, *extra, env=None):
@@ -116,6 +122,8 @@ def test_smoke_run_writes_one_record_with_every_row(tmp_path):
         assert "not_applicable" not in figures["methods"][model]["chunkmeta_graphs"]
         assert "did not" not in figures["methods"][model]["chunkmeta_graphs"].get("reason", "")
     assert figures["logprobs"]["qwen3_5"]["chunkmeta"]["identical"] is True
+    # each process served the correctness requests twice: the fake engine's bits are the same
+    assert figures["logprobs"]["qwen3_5"]["repeat_vllm"]["identical"] is True
     # each model's first process is the prime (vLLM's, the correctness pass only): no row, its logprobs compared
     assert [r["method"] for r in json.loads((tmp_path / "vllm_engine_rows.json").read_text())][:1] == ["vllm#prime"]
     assert "error" not in figures["methods"]["nemotron_h"]["vllm#prime"]

@@ -49,3 +49,6 @@ class FakeLLM:
 
     def collective_rpc(self, fn):
         return [fn(self._worker)]
+
+    def reset_prefix_cache(self):
+        return True

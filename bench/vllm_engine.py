@@ -556,7 +556,7 @@ def kernel_configs() -> dict[str, str]:
     try:
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     except ImportError:
-        CachingAutotuner = None  # noqa: N806
+        CachingAutotuner = None
     for obj in gc.get_objects():
         if isinstance(obj, Autotuner) and getattr(obj, "best_config", None) is not None:
             name, config = obj.base_fn.__name__, str(obj.best_config)

@@ -164,9 +164,12 @@ def serve(engine, reqs: list[tuple[list[int], int]], concurrency: int, make_para
             live[rid] = {"index": index, "isl": len(ids), "start": clock(), "times": [], "tokens": [], "logprobs": []}
             engine.add_request(rid, {"prompt_token_ids": ids}, make_params(osl))
 
-    step_ms = []
+    step_ms, waiting = [], []
     admit()
     while live:
+        # a step that begins with a request still waiting for its first token serves a prefill
+        # (or follows one: async scheduling returns a step's tokens a step later)
+        waiting.append(any(not req["tokens"] for req in live.values()))
         before = clock()
         outputs = engine.step()
         steps += 1
@@ -193,6 +196,7 @@ def serve(engine, reqs: list[tuple[list[int], int]], concurrency: int, make_para
         "seconds": clock() - start,
         "steps": steps,
         "step_ms": step_ms,
+        "waiting": waiting,
     }
 
 
@@ -231,6 +235,22 @@ def metrics(run: dict) -> dict:
         **_summary("itl", itl),
         **_summary("step", run.get("step_ms", [])),
         "max_step_ms": round(max(run.get("step_ms") or [0.0]), 3),
+        **_step_split(run.get("step_ms", []), run.get("waiting", [])),
+    }
+
+
+def _step_split(step_ms: list[float], waiting: list[bool]) -> dict:
+    """Steps that began with a request waiting for its first token (prefills, and the step after
+    one) and the others (decodes only): how many, and their mean ms. Tells a gain on the steps
+    with a prefill (what the mixed-step graphs replay) from one on every step."""
+    if len(step_ms) != len(waiting):
+        return {}
+    prefill = [ms for ms, w in zip(step_ms, waiting, strict=True) if w]
+    decode = [ms for ms, w in zip(step_ms, waiting, strict=True) if not w]
+    return {
+        "prefill_steps": len(prefill),
+        "mean_prefill_step_ms": round(statistics.fmean(prefill), 3) if prefill else None,
+        "mean_decode_step_ms": round(statistics.fmean(decode), 3) if decode else None,
     }
 
 
@@ -720,6 +740,9 @@ def summarize(rows: list[dict]) -> dict:
         "mean_step_ms",
         "p99_step_ms",
         "max_step_ms",
+        "prefill_steps",
+        "mean_prefill_step_ms",
+        "mean_decode_step_ms",
         "compiles",
         "autotunes",
         "compile_s",
@@ -825,8 +848,9 @@ def print_table(figures: dict) -> None:
             )
     print(
         f"{'model':12s} {'workload':8s} {'conc':>4s}  {'method':17s} {'tok/s':>9s} {'TTFT ms':>9s} "
-        f"{'TPOT ms':>8s}  vs vllm"
+        f"{'TPOT ms':>8s} {'step ms: prefill / decode':>26s}  vs vllm"
     )
+    nan = float("nan")
     for row in figures["rows"]:
         for method, cell in row["methods"].items():
             ratio = row.get(f"{method}_vs_vllm")
@@ -834,7 +858,9 @@ def print_table(figures: dict) -> None:
             print(
                 f"{row['model']:12s} {row['workload']:8s} {row['concurrency']:4d}  {method:17s} "
                 f"{cell['total_tok_s']:9.1f} {cell.get('mean_ttft_ms', float('nan')):9.2f} "
-                f"{cell.get('mean_tpot_ms', float('nan')):8.3f}  {vs}"
+                f"{cell.get('mean_tpot_ms', float('nan')):8.3f} "
+                f"{cell.get('mean_prefill_step_ms') or nan:12.3f} / "
+                f"{cell.get('mean_decode_step_ms') or nan:11.3f}  {vs}"
             )
     for model, check in figures["logprobs"].items():
         print(f"logprobs {model}: {json.dumps(check)}")

@@ -55,6 +55,10 @@ def test_serve_keeps_concurrency_and_times_tokens():
     assert m["mean_tpot_ms"] == pytest.approx(10.0)
     assert m["median_itl_ms"] == pytest.approx(10.0)
     assert m["total_tok_s"] == pytest.approx(72 / run["seconds"], rel=1e-3)
+    # steps that began with a request waiting for its first token: each wave's prefill step and
+    # the step that returns its first tokens
+    assert m["prefill_steps"] == 4 and m["prefill_steps"] < m["steps"]
+    assert m["mean_prefill_step_ms"] == pytest.approx(10.0) and m["mean_decode_step_ms"] == pytest.approx(10.0)
 
 
 def test_requests_are_the_same_for_every_method_and_new_in_every_run():

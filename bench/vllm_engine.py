@@ -458,6 +458,16 @@ def _sampling(osl: int):
     return SamplingParams(temperature=0.0, max_tokens=osl, ignore_eos=True, logprobs=0)
 
 
+def engine_args(capture_sizes: tuple[int, ...] = ()) -> dict:
+    """``ENGINE_ARGS`` with other CUDA graph capture sizes (none: ``CAPTURE_SIZES``). vLLM's own
+    default reaches 512 tokens where ``max_num_seqs`` is 256 or more (its default on an H100);
+    the seed's 128 stops it at 256, and a step over the largest size runs without a graph."""
+    if not capture_sizes:
+        return ENGINE_ARGS
+    compilation = ENGINE_ARGS["compilation_config"] | {"cudagraph_capture_sizes": sorted(set(capture_sizes))}
+    return ENGINE_ARGS | {"compilation_config": compilation}
+
+
 def child(args) -> int:
     emit("start", model=args.model, method=args.method, pid=os.getpid())
     deadline = args.deadline or float("inf")
@@ -475,7 +485,9 @@ def child(args) -> int:
         config = json.loads((MODELS_DIR / args.model / "config.json").read_text())
         vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
         t0 = time.perf_counter()
-        llm = LLM(model=str(MODELS_DIR / args.model), **ENGINE_ARGS, **MODEL_ARGS.get(args.model, {}))
+        llm = LLM(
+            model=str(MODELS_DIR / args.model), **engine_args(args.capture_sizes), **MODEL_ARGS.get(args.model, {})
+        )
         emit("engine_ready", startup_s=round(time.perf_counter() - t0, 1))
         make_params = _sampling
         emit("weights", **llm.collective_rpc(lambda w: reinit_weights(_worker_of(w).model_runner.model))[0])
@@ -636,6 +648,8 @@ def run_one(model: str, method: str, args, log_dir: Path, workloads: list[str] |
         str(args.deadline or 0),
         "--repeats",
         str(args.repeats),
+        "--capture-sizes",
+        ",".join(map(str, args.capture_sizes)),
     ]
     env = {**os.environ, **ENGINE_ENV, **METHOD_ENV[base_method(method)]}
     if args.engine == "fake":
@@ -898,6 +912,9 @@ def main(argv: list[str]) -> int:
         "--no-prime", dest="prime", action="store_false",
         help=f"no {PRIME} process before each model's methods (the first compared one then starts cold)",
     )  # fmt: skip
+    parser.add_argument(
+        "--capture-sizes", default="", help="CUDA graph capture sizes for every method, e.g. 1,2,4,...,256,384,512"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -906,8 +923,11 @@ def main(argv: list[str]) -> int:
     args.workloads = [w for w in args.workloads.split(",") if w]
     try:
         args.concurrency = parse_concurrency(args.concurrency)
+        args.capture_sizes = tuple(int(n) for n in args.capture_sizes.split(",") if n)
+        if any(n < 1 for n in args.capture_sizes):
+            raise ValueError("a capture size is a positive token count")
     except ValueError as exc:
-        parser.error(f"--concurrency {args.concurrency!r}: {exc}")
+        parser.error(f"--concurrency / --capture-sizes: {exc}")
     unknown = [w for w in args.workloads if w not in WORKLOADS] + [
         m for m in args.methods.split(",") if base_method(m) not in METHODS
     ]
@@ -944,7 +964,7 @@ def main(argv: list[str]) -> int:
             rows.append(run_one(model, method, args, out, workloads=[] if method == PRIME else None))
             print(f"{model} {method}: {rows[-1].get('error', 'ok')} ({rows[-1]['seconds']} s)", flush=True)
     figures = summarize(rows)
-    figures["engine_args"] = ENGINE_ARGS | {"per_model": MODEL_ARGS}
+    figures["engine_args"] = engine_args(args.capture_sizes) | {"per_model": MODEL_ARGS}
     figures["engine_env"] = ENGINE_ENV
     figures["engine"] = args.engine
     figures["standins"] = _standins()

@@ -201,3 +201,12 @@ def test_graph_figures_come_from_vllms_log_lines():
         "capture_s": 6.0, "capture_gib": 1.89, "pool_gib": 1.89, "pool_estimated_gib": 0.43
     }  # fmt: skip
     assert vllm_engine.graph_figures(["no graphs here"]) == {}
+
+
+def test_capture_sizes_replace_the_default_list_for_every_method():
+    args = vllm_engine.engine_args((512, 256, 384, 256))
+    assert args["compilation_config"]["cudagraph_capture_sizes"] == [256, 384, 512]
+    assert args["compilation_config"]["custom_ops"] == ["none"]
+    # the module's own arguments are untouched
+    assert vllm_engine.ENGINE_ARGS["compilation_config"]["cudagraph_capture_sizes"] == list(vllm_engine.CAPTURE_SIZES)
+    assert vllm_engine.engine_args(()) is vllm_engine.ENGINE_ARGS

@@ -581,18 +581,16 @@ def kernel_configs() -> dict[str, str]:
     import gc
 
     out: dict[str, str] = {}
-    try:
-        from triton.runtime.autotuner import Autotuner
-    except ImportError:
+    # only what this process loaded (importing inductor to look would take seconds): a module
+    # not imported has no kernels
+    tuner = getattr(sys.modules.get("triton.runtime.autotuner"), "Autotuner", None)
+    inductor = getattr(sys.modules.get("torch._inductor.runtime.triton_heuristics"), "CachingAutotuner", None)
+    if tuner is None and inductor is None:
         return out
-    try:
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except ImportError:
-        CachingAutotuner = None
     for obj in gc.get_objects():
-        if isinstance(obj, Autotuner) and getattr(obj, "best_config", None) is not None:
+        if tuner is not None and isinstance(obj, tuner) and getattr(obj, "best_config", None) is not None:
             name, config = obj.base_fn.__name__, str(obj.best_config)
-        elif CachingAutotuner is not None and isinstance(obj, CachingAutotuner) and len(obj.launchers) == 1:
+        elif inductor is not None and isinstance(obj, inductor) and len(obj.launchers) == 1:
             name, config = f"inductor:{obj.fn.__name__}", str(obj.launchers[0].config)
         else:
             continue

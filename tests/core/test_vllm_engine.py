@@ -142,7 +142,7 @@ def test_a_failing_or_hanging_engine_gives_its_row_and_the_others_run(tmp_path):
         "--workloads",
         "short",
         "--engine-timeout-s",
-        "5",
+        "15",  # a healthy stand-in process takes a few seconds (torch, triton) on a loaded CI core
         env={"FAKE_ENGINE_FAULT": "chunkmeta:fail,chunkmeta_graphs:hang"},
     )
     assert done.returncode == 1  # some row failed; the record is written all the same
@@ -150,7 +150,7 @@ def test_a_failing_or_hanging_engine_gives_its_row_and_the_others_run(tmp_path):
     methods = record["figures"]["methods"]["qwen3_5"]
     assert "fake engine start failed" in methods["chunkmeta"]["error"]
     assert "after stage 'start'" in methods["chunkmeta"]["error"]
-    assert methods["chunkmeta_graphs"]["error"].startswith("ran past 5 s after stage 'start'")
+    assert methods["chunkmeta_graphs"]["error"].startswith("ran past 15 s after stage 'start'")
     assert "error" not in methods["vllm"]
     assert {tuple(r["methods"]) for r in record["figures"]["rows"]} == {("vllm", "vllm#2")}
 

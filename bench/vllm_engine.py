@@ -213,10 +213,18 @@ def _summary(name: str, values: list[float]) -> dict:
     }
 
 
-def metrics(run: dict) -> dict:
-    """``vllm bench serve``'s figures from ``serve()``'s requests (ms; tokens/s)."""
+def metrics(run: dict, graph_tokens: int = 0) -> dict:
+    """``vllm bench serve``'s figures from ``serve()``'s requests (ms; tokens/s). With
+    ``graph_tokens`` (the largest capture size) also the mean TTFT of the prompts a graph can
+    hold and of the longer ones, which run without a graph in every method."""
     reqs = run["requests"]
     ttft = [(r["times"][0] - r["start"]) * 1e3 for r in reqs if r["times"]]
+    by_length = {}
+    if graph_tokens:
+        for name, keep in (("in_graphs", lambda n: n <= graph_tokens), ("over_graphs", lambda n: n > graph_tokens)):
+            picked = [(r["times"][0] - r["start"]) * 1e3 for r in reqs if r["times"] and keep(r["isl"])]
+            by_length[f"prompts_{name}"] = len(picked)
+            by_length[f"mean_ttft_{name}_ms"] = round(statistics.fmean(picked), 3) if picked else None
     tpot = [(r["times"][-1] - r["times"][0]) * 1e3 / (len(r["times"]) - 1) for r in reqs if len(r["times"]) > 1]
     itl = [(b - a) * 1e3 for r in reqs for a, b in zip(r["times"], r["times"][1:], strict=False)]
     out_tokens = sum(len(r["tokens"]) for r in reqs)
@@ -236,6 +244,7 @@ def metrics(run: dict) -> dict:
         **_summary("step", run.get("step_ms", [])),
         "max_step_ms": round(max(run.get("step_ms") or [0.0]), 3),
         **_step_split(run.get("step_ms", []), run.get("waiting", [])),
+        **by_length,
     }
 
 
@@ -553,7 +562,8 @@ def child(args) -> int:
             for run in range(1, args.repeats + 1):
                 before = _mixed_steps(llm)
                 served = serve(engine, requests(name, concurrency, vocab, run), concurrency, make_params)
-                each.append(metrics(served) | watch.take() | {"mixed_steps": _mixed_steps(llm) - before})
+                figures = metrics(served, graph_tokens=max(args.capture_sizes or CAPTURE_SIZES))
+                each.append(figures | watch.take() | {"mixed_steps": _mixed_steps(llm) - before})
             # the figures are the last run's (steady state); every run's headline figures are kept
             result = each[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in each], "warmup_triton": warmup}
             emit("workload", workload=name, concurrency=concurrency, **result)
@@ -755,6 +765,10 @@ def summarize(rows: list[dict]) -> dict:
         "prefill_steps",
         "mean_prefill_step_ms",
         "mean_decode_step_ms",
+        "prompts_in_graphs",
+        "mean_ttft_in_graphs_ms",
+        "prompts_over_graphs",
+        "mean_ttft_over_graphs_ms",
         "compiles",
         "autotunes",
         "compile_s",

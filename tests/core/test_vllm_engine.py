@@ -59,6 +59,13 @@ def test_serve_keeps_concurrency_and_times_tokens():
     # the step that returns its first tokens
     assert m["prefill_steps"] == 4 and m["prefill_steps"] < m["steps"]
     assert m["mean_prefill_step_ms"] == pytest.approx(10.0) and m["mean_decode_step_ms"] == pytest.approx(10.0)
+    # TTFT of the prompts the largest capture size holds, and of the longer ones
+    split = vllm_engine.metrics(run, graph_tokens=20)
+    assert (split["prompts_in_graphs"], split["prompts_over_graphs"]) == (2, 1)
+    assert split["mean_ttft_in_graphs_ms"] == pytest.approx(20.0) and split[
+        "mean_ttft_over_graphs_ms"
+    ] == pytest.approx(20.0)
+    assert "prompts_in_graphs" not in m
 
 
 def test_requests_are_the_same_for_every_method_and_new_in_every_run():

@@ -119,7 +119,10 @@ def test_c_one_shot_agrees_with_the_plan(host, first, num_seqs):
     except ValueError:
         assert out == -1
         return
-    if step.num_seqs > 16:  # another bucket, not registered: the general path builds it
+    # the C build serves the buckets a build of this process registered: the 16-lane one above, and
+    # any other an earlier test's build made (which one depends on that test's drawn batches)
+    key = (64, one_shot_module._lanes(step.num_seqs), torch.int32, tensor.dtype, -1)
+    if key not in kernels:  # a bucket no build registered: the general path builds it
         assert out == -1
         return
     # the tables in numpy (a valid step may hold 2^30 tokens: millions of rows)

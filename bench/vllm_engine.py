@@ -798,6 +798,18 @@ def summarize(rows: list[dict]) -> dict:
             if "stats" in final:
                 stats = final["stats"]
                 status["chunkmeta"] = {k: stats.get(k) for k in ("builders", "active", "builds", "served", "fallbacks")}
+            captures = next(
+                (
+                    s["graph_captures"]
+                    for b in final["builders"].values()
+                    for s in b.get("stats", [])
+                    if s.get("graph_captures")
+                ),
+                None,
+            )
+            if captures:  # each graph vLLM captured, timed by chunkmeta's start-up (mixed-step graphs on)
+                status["graph_captures"] = captures
+                status["graph_capture_totals"] = capture_totals(captures)
         check = _event(row, "correctness")
         if check:
             status["syncs"] = check.get("syncs")
@@ -842,6 +854,19 @@ def first_divergence(base: list[dict], check: list[dict], names=("first", "secon
 
 def _requests_of(check: dict) -> list[dict]:
     return [{"tokens": t, "logprobs": lp} for t, lp in zip(check["tokens"], check["logprobs"], strict=True)]
+
+
+def capture_totals(captures: list[dict]) -> dict:
+    """Graphs, seconds and GiB of the captures, chunkmeta's mixed-step graphs and vLLM's apart."""
+    out = {}
+    for who, mine in (("chunkmeta", True), ("vllm", False)):
+        picked = [c for c in captures if c.get("chunkmeta") is mine]
+        out[who] = {
+            "graphs": len(picked),
+            "seconds": round(sum(c["seconds"] for c in picked), 2),
+            "gib": round(sum(c["bytes"] for c in picked) / 2**30, 3),
+        }
+    return out
 
 
 def compare_logprobs(by_method: dict) -> dict:

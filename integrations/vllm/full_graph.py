@@ -329,6 +329,7 @@ class FullGraphBuilderMixin:
         stats["mixed_fallbacks"] = dict(self.chunkmeta_mixed_fallbacks)
         record = self._chunkmeta_dispatch
         stats["mixed_turned_away"] = dict(record.turned_away) if record is not None else {}
+        stats["graph_captures"] = list(record.captures) if record is not None else []
         return stats
 
 
@@ -764,8 +765,8 @@ def _method_wiring(patches, class_name: str, method: str, make, does: str):
 
 def layer_wiring(patches) -> dict:
     """Module name -> what to do when vLLM imports it: Kimi-Linear's ``_forward``, Qwen's
-    ``_forward_core``, ``MambaMixer2.conv_ssm_forward`` and both model runners' start-up
-    (``graph_dispatch``) patched over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
+    ``_forward_core``, ``MambaMixer2.conv_ssm_forward``, both model runners' start-up and MRV2's
+    capture loop (``graph_dispatch``) patched over vLLM's (``patches``: the adapter's ``plugin.Patches``)."""
     from chunkmeta.integrations.vllm import graph_dispatch as gd
 
     layers = "takes the graph-safe mixed path on captured buckets"
@@ -778,4 +779,7 @@ def layer_wiring(patches) -> dict:
             patches, gd.RUNNER, "initialize_metadata_builders", gd.v1_mixed_graphs, graphs
         ),
         gd.MRV2_RUNNER_MODULE: _method_wiring(patches, gd.RUNNER, "initialize_kv_cache", gd.mrv2_mixed_graphs, graphs),
+        gd.CAPTURE_MODULE: _method_wiring(
+            patches, gd.CAPTURE_MANAGER, "capture", gd.timed_capture, "times and measures each graph it captures"
+        ),
     }

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from itertools import product
 from typing import NamedTuple
 
@@ -68,6 +69,7 @@ class MixedDispatch:
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
+        self.captures: list[dict] = []  # the last capture's graphs, each timed (time_captures)
         # the step in flight's rows (record_steps), for a builder whose graphs hold fewer rows of
         # some kind than of requests; None outside a step
         self.step: StepRows | None = None
@@ -191,6 +193,65 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
     if desc.cg_mode != CUDAGraphMode.FULL or desc.uniform_token_count is not None or desc.max_query_len is not None:
         return None
     return desc.num_tokens, desc.num_reqs
+
+
+CAPTURE_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+CAPTURE_MANAGER = "CudaGraphManager"
+
+
+def _free_bytes(device) -> int:
+    """The device's free memory, after a synchronize (start-up only, between two captures)."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def timed_capture(original):
+    """MRV2's ``CudaGraphManager.capture`` (the loop ``ModelCudaGraphManager.capture`` runs
+    through ``super()``), timing each graph where chunkmeta's start-up asked for it (the manager's
+    ``_chunkmeta_captures``, a ``MixedDispatch``; a CUDA device): per descriptor the seconds of
+    its warm-up and capture and the device memory they took. ``record.captures`` is the last
+    capture's list (vLLM's memory profile captures a sample first), chunkmeta's mixed graphs
+    marked ``chunkmeta``."""
+
+    @functools.wraps(original)
+    def capture(self, create_forward_fn, *args, **kwargs):
+        record = getattr(self, "_chunkmeta_captures", None)
+        if record is None:
+            return original(self, create_forward_fn, *args, **kwargs)
+        rows, current = [], []
+
+        def close():
+            if current:
+                desc, t0, free0 = current.pop()
+                shape = mrv2_mixed_shape(desc)
+                rows.append(
+                    {
+                        "mode": getattr(desc.cg_mode, "name", str(desc.cg_mode)),
+                        "num_tokens": desc.num_tokens,
+                        "num_reqs": desc.num_reqs,
+                        "chunkmeta": shape is not None and shape in record.added,
+                        "seconds": round(time.perf_counter() - t0, 4),
+                        "bytes": free0 - _free_bytes(self.device),
+                    }
+                )
+
+        def create(desc, *fn_args, **fn_kwargs):
+            # vLLM asks for each descriptor's warm-up forward first (warmup=True), then its capture
+            if fn_kwargs.get("warmup", fn_args[0] if fn_args else False):
+                close()
+                current.append((desc, time.perf_counter(), _free_bytes(self.device)))
+            return create_forward_fn(desc, *fn_args, **fn_kwargs)
+
+        try:
+            return original(self, create, *args, **kwargs)
+        finally:
+            close()
+            record.captures = rows
+
+    capture.__qualname__ = f"chunkmeta.{CAPTURE_MANAGER}.capture"
+    return capture
 
 
 def add_mixed_full_descs(manager, vllm_config, builders, turn_away) -> set[tuple[int, int]]:
@@ -353,6 +414,8 @@ def mrv2_mixed_graphs(original):
             logger.warning("chunkmeta: no mixed-step graphs added (%s: %s)", type(exc).__name__, exc)
         mrv2_dispatch(manager, record)
         record_steps(self, record)
+        if getattr(getattr(manager, "device", None), "type", None) == "cuda":
+            manager._chunkmeta_captures = record  # timed_capture: each graph's seconds and bytes
         return result
 
     initialize_kv_cache.__qualname__ = f"chunkmeta.{RUNNER}.initialize_kv_cache"

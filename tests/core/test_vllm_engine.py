@@ -217,3 +217,14 @@ def test_capture_sizes_replace_the_default_list_for_every_method():
     # the module's own arguments are untouched
     assert vllm_engine.ENGINE_ARGS["compilation_config"]["cudagraph_capture_sizes"] == list(vllm_engine.CAPTURE_SIZES)
     assert vllm_engine.engine_args(()) is vllm_engine.ENGINE_ARGS
+
+
+def test_capture_totals_keep_chunkmetas_graphs_apart_from_vllms():
+    captures = [
+        {"mode": "FULL", "num_tokens": 256, "num_reqs": 16, "chunkmeta": True, "seconds": 0.5, "bytes": 2**30},
+        {"mode": "FULL", "num_tokens": 256, "num_reqs": 8, "chunkmeta": True, "seconds": 0.25, "bytes": 2**29},
+        {"mode": "PIECEWISE", "num_tokens": 256, "num_reqs": None, "chunkmeta": False, "seconds": 0.1, "bytes": 0},
+    ]
+    totals = vllm_engine.capture_totals(captures)
+    assert totals["chunkmeta"] == {"graphs": 2, "seconds": 0.75, "gib": 1.5}
+    assert totals["vllm"] == {"graphs": 1, "seconds": 0.1, "gib": 0.0}

@@ -107,6 +107,7 @@ def test_off_by_default(configs, monkeypatch):
         (full_graph.QWEN_LAYER_MODULE, full_graph.QWEN_LAYER, "_forward_core"),
         (graph_dispatch.V1_RUNNER_MODULE, graph_dispatch.RUNNER, "initialize_metadata_builders"),
         (graph_dispatch.MRV2_RUNNER_MODULE, graph_dispatch.RUNNER, "initialize_kv_cache"),
+        (graph_dispatch.CAPTURE_MODULE, graph_dispatch.CAPTURE_MANAGER, "capture"),
     ):
         patched = getattr(importlib.import_module(name), layer).__dict__[method]
         assert "chunkmeta" not in getattr(patched, "__wrapped__", patched).__qualname__
@@ -760,3 +761,46 @@ def test_request_buckets_can_be_turned_off_for_vllms_keys_alone(piecewise_config
     added, _ = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
     assert added == {(n, min(n, MAX_NUM_SEQS)) for n in (2, 4, 8, 16, 32, 64, 128)}
     assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.FULL, 32, MAX_NUM_SEQS)
+
+
+def test_mrv2_capture_times_each_graph_where_start_up_asked(piecewise_config, full_cls, mrv2_manager, monkeypatch):
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    added, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    patched = cudagraph_utils.CudaGraphManager.__dict__["capture"]  # vLLM's loop, wrapped by install()
+    assert patched.__qualname__ == f"chunkmeta.{graph_dispatch.CAPTURE_MANAGER}.capture"
+    descs = [d for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL) for d in mrv2_manager._capture_descs[mode]]
+    free = iter(range(10**9, 0, -1000))  # each read 1,000 bytes fewer: every graph "takes" 1,000
+    monkeypatch.setattr(graph_dispatch, "_free_bytes", lambda device: next(free))
+
+    def loop(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
+        # the shape of vLLM's loop (cudagraph_utils.py:461-511): per descriptor a warm-up
+        # forward, then a fresh one captured; no CUDA graph on this CPU machine
+        for desc in descs:
+            create_forward_fn(desc, warmup=True)(CUDAGraphMode.NONE)
+            create_forward_fn(desc, warmup=False)(desc.cg_mode)
+
+    forwards = []
+    timed = graph_dispatch.timed_capture(loop)
+    timed(mrv2_manager, lambda desc, warmup: lambda mode: forwards.append((desc, warmup)))
+    assert record.captures == [] and len(forwards) == 2 * len(descs)  # not asked: vLLM's loop alone
+    mrv2_manager._chunkmeta_captures = record
+    timed(mrv2_manager, lambda desc, warmup: lambda mode: None)
+    assert [(c["num_tokens"], c["num_reqs"], c["mode"]) for c in record.captures] == [
+        (d.num_tokens, d.num_reqs, d.cg_mode.name) for d in descs
+    ]
+    assert all(c["bytes"] == 1000 and c["seconds"] >= 0 for c in record.captures)
+    ours = {(c["num_tokens"], c["num_reqs"]) for c in record.captures if c["chunkmeta"]}
+    assert ours == added  # chunkmeta's mixed graphs marked, vLLM's decode and piecewise ones not
+    assert builder.chunkmeta_stats()["graph_captures"] == record.captures
+    # a capture that fails keeps what it measured, the failing graph's included
+    calls = []
+
+    def failing(self, create_forward_fn, progress_bar_desc=""):
+        calls.append(create_forward_fn(descs[0], warmup=True))
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError):
+        graph_dispatch.timed_capture(failing)(mrv2_manager, lambda desc, warmup: None)
+    assert [c["num_tokens"] for c in record.captures] == [descs[0].num_tokens]

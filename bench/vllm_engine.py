@@ -895,7 +895,8 @@ def print_table(figures: dict) -> None:
             flag = status.get("error") or status.get("reason") or status.get("not_applicable") or ""
             print(
                 f"{model:12s} {method:17s} start {status.get('startup_s', '-')} s  builders {status.get('builders')} "
-                f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} graphs {status.get('graphs')} {flag}"
+                f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} graphs {status.get('graphs')} "
+                f"captures {status.get('graph_capture_totals')} {flag}"
             )
     print(
         f"{'model':12s} {'workload':8s} {'conc':>4s}  {'method':17s} {'tok/s':>9s} {'TTFT ms':>9s} "

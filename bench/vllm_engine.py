@@ -525,10 +525,14 @@ def child(args) -> int:
     # the same requests again in this process, the prefix cache emptied: whether this process's
     # kernels give the same bits twice (if not, no two processes can be expected to)
     again = []
-    if hasattr(llm, "reset_prefix_cache"):
-        llm.reset_prefix_cache()
+    try:
+        if llm.reset_prefix_cache() is False:  # vLLM's answer while a request still runs
+            raise RuntimeError("vLLM did not empty the prefix cache")
         for part, concurrency in ((batch, len(batch)), (CORRECTNESS_STAGGERED, 4)):
             again += serve(engine, correctness_requests(part, vocab), concurrency, make_params)["requests"]
+        repeat = first_divergence(compared, again)
+    except Exception as exc:  # noqa: BLE001  a diagnostic: the workloads run all the same
+        repeat = {"error": f"{type(exc).__name__}: {exc}"}
     emit(
         "correctness",
         tokens=[r["tokens"] for r in compared],
@@ -536,8 +540,8 @@ def child(args) -> int:
         syncs=counter.figures() if counter is not None else None,
         mixed_steps=mixed,
         triton=tuned,
-        repeat=first_divergence(compared, again) if again else None,
-        kernel_configs=kernel_configs(),
+        repeat=repeat,
+        kernel_configs=_or_error(kernel_configs),
     )
     after = llm.collective_rpc(wiring)[0]
     emit("wiring_after_correctness", **after)
@@ -610,6 +614,14 @@ def kernel_configs() -> dict[str, str]:
             key = f"{name}#{n}"
         out[key] = config
     return out
+
+
+def _or_error(fn):
+    """``fn()``, or its error as ``{"error": ...}``: a diagnostic never stops the process's workloads."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _mixed_steps(llm) -> int:

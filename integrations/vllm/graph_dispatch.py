@@ -27,6 +27,7 @@ to a mixed graph, so no graph replays inputs that were not staged for it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -69,7 +70,7 @@ class MixedDispatch:
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
-        self.captures: list[dict] = []  # the last capture's graphs, each timed (time_captures)
+        self.captures: list[dict] = []  # the last capture's graphs, each timed (timed_capture)
         # the step in flight's rows (record_steps), for a builder whose graphs hold fewer rows of
         # some kind than of requests; None outside a step
         self.step: StepRows | None = None
@@ -247,7 +248,9 @@ def timed_capture(original):
         try:
             return original(self, create, *args, **kwargs)
         finally:
-            close()
+            # after a failed capture the synchronize may fail too: the capture's error is the one raised
+            with contextlib.suppress(Exception):
+                close()
             record.captures = rows
 
     capture.__qualname__ = f"chunkmeta.{CAPTURE_MANAGER}.capture"

@@ -801,6 +801,23 @@ def test_mrv2_capture_times_each_graph_where_start_up_asked(piecewise_config, fu
         calls.append(create_forward_fn(descs[0], warmup=True))
         raise RuntimeError("capture failed")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="capture failed"):
         graph_dispatch.timed_capture(failing)(mrv2_manager, lambda desc, warmup: None)
+    assert [c["num_tokens"] for c in record.captures] == [descs[0].num_tokens]
+
+    # a failed capture whose measurement fails too (a CUDA error fails the synchronize): the
+    # capture's own error is raised, and the graphs measured before it are kept
+    def broken(device):
+        raise RuntimeError("CUDA error")
+
+    monkeypatch.setattr(graph_dispatch, "_free_bytes", lambda device: 0)
+
+    def fails_late(self, create_forward_fn, progress_bar_desc=""):
+        create_forward_fn(descs[0], warmup=True)
+        create_forward_fn(descs[1], warmup=True)
+        monkeypatch.setattr(graph_dispatch, "_free_bytes", broken)
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        graph_dispatch.timed_capture(fails_late)(mrv2_manager, lambda desc, warmup: None)
     assert [c["num_tokens"] for c in record.captures] == [descs[0].num_tokens]

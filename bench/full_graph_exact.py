@@ -174,10 +174,14 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
     ``set_sync_debug_mode("error")``), or run eagerly (``"off"``). Compared bit for bit: every real
     token's output, every real block's states."""
     from chunkmeta.integrations.vllm.full_graph import bucket_levels
-    from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs
+    from chunkmeta.integrations.vllm.mixed_step import MixedStepInputs, SharedFill
 
     dev, cuda = bench.device, bench.device.type == "cuda"
-    inputs = MixedStepInputs(tokens, request_bucket(requests), dev, levels=bucket_levels(dev))
+    rows = request_bucket(requests)
+    # as in the engine, the bucket views the tables of a larger one's fill (the largest capture
+    # size's): its padding rows point past its own rows
+    fill = SharedFill(4 * tokens, 4 * rows)
+    inputs = MixedStepInputs(tokens, rows, dev, levels=bucket_levels(dev), fill=fill)
     gen = torch.Generator(device=dev).manual_seed(seed)
     rng = np.random.default_rng(seed)
     captured = None

@@ -49,6 +49,7 @@ from chunkmeta.integrations.vllm.mixed_step import (
     Mamba2Ops,
     Mamba2StepInputs,
     MixedStepInputs,
+    SharedFill,
     gdn_mixed_forward,
     if_nodes_capture,
     kda_mixed_forward,
@@ -152,6 +153,17 @@ def _mamba2_unsafe(vllm_config, architectures: set) -> str | None:
     return None
 
 
+def _shared_fill(vllm_config) -> SharedFill | None:
+    """The fill of a builder's buckets: the largest mixed graph's capacity, vLLM's largest capture
+    size and ``min(it, max_num_seqs)`` requests (V1's and MRV2's keys: graph_dispatch), or None
+    without capture sizes (each bucket then fills its own tables)."""
+    sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None) or ()
+    max_num_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+    if not sizes or not isinstance(max_num_seqs, int):
+        return None
+    return SharedFill(max(sizes), min(max(sizes), max_num_seqs))
+
+
 class FullGraphBuilderMixin:
     """The buckets of captured mixed steps, the dispatch record and the staging, in front of a
     chunkmeta builder mixin; a family's subclass (``GdnFullGraphMixin``,
@@ -176,6 +188,7 @@ class FullGraphBuilderMixin:
         # flight (set by the runner hook; None where no hook runs)
         self._chunkmeta_dispatch = None
         self._chunkmeta_views: dict[MixedStepInputs, GroupInputs] = {}  # another group's bucket -> ours
+        self._chunkmeta_fill = _shared_fill(vllm_config)
         self._chunkmeta_unsafe = graph_unsafe(vllm_config, self._chunkmeta_family)
         if self._chunkmeta_unsafe is not None and self.chunkmeta is not None:
             logger.warning(
@@ -348,7 +361,9 @@ class GdnFullGraphMixin(FullGraphBuilderMixin):
         return self._mixed_build(args, {})
 
     def _new_bucket(self, num_tokens, num_reqs):
-        return MixedStepInputs(num_tokens, num_reqs, self.device, levels=bucket_levels(self.device))
+        return MixedStepInputs(
+            num_tokens, num_reqs, self.device, levels=bucket_levels(self.device), fill=self._chunkmeta_fill
+        )
 
     def _capture_args(self, m):
         return (0, m, None, None, False)
@@ -406,6 +421,7 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             decodes=decodes,
             levels=bucket_levels(self.device),
             ssd_rows=ssd_rows,
+            fill=self._chunkmeta_fill,
         )
         budget = _whole_number(MAMBA2_GRAPH_MIB_ENV, os.environ.get(MAMBA2_GRAPH_MIB_ENV, ""), MAMBA2_GRAPH_MIB, "MiB")
         if bucket.ssd_state_rows() * math.prod(self.kv_cache_spec.shapes[1]) * 4 > budget << 20:

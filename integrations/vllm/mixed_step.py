@@ -8,7 +8,8 @@ bucket of ``num_tokens`` tokens and ``num_reqs`` requests:
 
 * ``MixedStepInputs``: the per-step values the layers read, at fixed addresses. ``stage()``
   (before a replay, outside the graph) checks the batch on the host, queues one fill of a
-  one-slot ``StepTablesBuilder`` from the engine's ``query_start_loc`` and copies the state
+  one-slot ``StepTablesBuilder`` (its own, or the ``SharedFill`` of every bucket of a builder)
+  from the engine's ``query_start_loc`` and copies the state
   indices and ``has_initial_state`` in: FLA's tables over every row (``cu_seqlens`` padded with zero-length
   tail sequences, ``chunk_indices`` capacity rows, padding rows on the reserved tail sequence)
   and the causal-conv1d tables (capacity rows, ``PAD_SLOT_ID`` tail, on which vLLM's conv kernel
@@ -41,6 +42,7 @@ import contextlib
 import functools
 from typing import NamedTuple
 
+import attrs
 import torch
 
 from chunkmeta import tables
@@ -75,6 +77,32 @@ class _RoutedTables(NamedTuple):
         return self
 
 
+class SharedFill:
+    """One table fill for every bucket of a builder: a one-slot ``StepTablesBuilder`` per table
+    set at the largest bucket's capacity (``num_tokens``, ``num_reqs``), so that every capture
+    size runs one layout, compiled once, where a builder per bucket compiled one per layout (31
+    for the engine benchmark's 39 buckets). A bucket reads views of the first rows of each table;
+    their padding rows point at the fill's tail sequence (``num_reqs``), zero-length like the
+    bucket's own and past its rows, as a level's are already. One step replays one graph, staged
+    just before: a stage retires the previous step's tables whichever bucket staged them."""
+
+    def __init__(self, num_tokens: int, num_reqs: int):
+        self.num_tokens, self.num_reqs = num_tokens, num_reqs
+        self._builders: dict[tuple, StepTablesBuilder] = {}
+
+    def builder(self, specs: dict, device, num_tokens: int, num_reqs: int) -> StepTablesBuilder | None:
+        """The builder of ``specs`` on ``device``, or None for a bucket larger than the fill."""
+        if num_tokens > self.num_tokens or num_reqs > self.num_reqs:
+            return None
+        key = (tuple(specs.items()), str(device))
+        builder = self._builders.get(key)
+        if builder is None:
+            builder = self._builders[key] = StepTablesBuilder(
+                self.num_reqs, self.num_tokens, tables=specs, device=device, ring_depth=1, pad="tail"
+            )
+        return builder
+
+
 class MixedStepInputs:
     """The per-step inputs of a mixed step for a bucket of ``num_tokens`` tokens and ``num_reqs``
     requests, at fixed addresses (``stage()`` a step, capture once, ``stage()`` before every replay).
@@ -90,20 +118,33 @@ class MixedStepInputs:
     ``level_taken`` (bool per level): the staged step's, the smallest that holds its rows. The
     forwards run their state-carrying kernels on the first ``rows`` rows and ``chunks`` chunk rows
     of the staged level (``_by_level``), so a padded row or chunk past it costs no state traffic.
+
+    ``fill``: the ``SharedFill`` whose tables the bucket views (its own one-slot builder where
+    None, or where the bucket is larger than the fill).
     """
 
     def __init__(
-        self, num_tokens: int, num_reqs: int, device, *, chunk_size: int = FLA_CHUNK_SIZE, levels: bool = True
+        self,
+        num_tokens: int,
+        num_reqs: int,
+        device,
+        *,
+        chunk_size: int = FLA_CHUNK_SIZE,
+        levels: bool = True,
+        fill: SharedFill | None = None,
     ):
         for name, value in (("num_tokens", num_tokens), ("num_reqs", num_reqs)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ChunkMetaError(f"{name}={value!r}: a mixed-step bucket needs a positive int.")
         self.num_tokens, self.num_reqs, self.chunk_size = num_tokens, num_reqs, chunk_size
-        # one ring slot: every build writes the same addresses, which is what a captured graph
-        # reads (the object of a step is retired by the next build, as a graph step's is)
-        self.builder = StepTablesBuilder(
-            num_reqs, num_tokens, tables=self._specs(), device=device, ring_depth=1, pad="tail"
-        )
+        specs = self._specs()
+        self.builder = fill.builder(specs, device, num_tokens, num_reqs) if fill is not None else None
+        if self.builder is None:
+            # one ring slot: every build writes the same addresses, which is what a captured graph
+            # reads (the object of a step is retired by the next build, as a graph step's is)
+            self.builder = StepTablesBuilder(
+                num_reqs, num_tokens, tables=specs, device=device, ring_depth=1, pad="tail"
+            )
         self.device = self.builder.device
         self.state_indices = torch.full((num_reqs,), NULL_BLOCK_ID, dtype=torch.int32, device=self.device)
         self.has_initial_state = torch.zeros(num_reqs, dtype=torch.bool, device=self.device)
@@ -112,11 +153,13 @@ class MixedStepInputs:
                           checkpoint_offsets_cpu=zero)  # fmt: skip
         step = self.builder.build(empty.to(self.device), empty, padded=True, **rows)  # compiles the fill; the views
         self._set_tables(step)
-        nums_dict, batch_ptr, offsets = conv_fields(step["conv"])
-        entry = nums_dict[CONV_BLOCK_M]
-        # the grid is the capacity: padding rows are PAD_SLOT_ID, on which the kernel returns
-        entry["tot"] = entry["mlist_len"] = batch_ptr.shape[0]
-        self.conv = ConvMetadata(nums_dict, batch_ptr, offsets)
+        # the grid is the bucket's capacity: padding rows are PAD_SLOT_ID, on which the kernel returns
+        conv = step["conv"]
+        rows = self._conv_spec.entry_rows(num_reqs, num_tokens)[0]
+        capacity = attrs.evolve(
+            conv, batch_ptr=conv.batch_ptr[:rows], token_chunk_offset_ptr=conv.token_chunk_offset_ptr[:rows], tot=rows
+        )
+        self.conv = ConvMetadata(*conv_fields(capacity))
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
         capacity, top = self._chunk_capacity(), self._level_rows()
         rows = [1 << k for k in range(top.bit_length()) if 1 << k < top] + [top] if levels else [top]
@@ -127,7 +170,8 @@ class MixedStepInputs:
 
     def _specs(self) -> dict:
         self._fla_spec = tables.Fla(self.chunk_size, rows="batch", fresh_cu_seqlens=False)
-        return {"fla": self._fla_spec, "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M)}
+        self._conv_spec = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
+        return {"fla": self._fla_spec, "conv": self._conv_spec}
 
     def _chunk_capacity(self) -> int:
         return self.chunk_indices.shape[0]
@@ -165,11 +209,14 @@ class MixedStepInputs:
         return {}
 
     def _set_tables(self, step) -> None:
-        fla = step["fla"]
-        self._cu_seqlens_table = fla.cu_seqlens
-        self.cu_seqlens = fla.cu_seqlens[: self.num_reqs + 1]
-        self._cu_seqlens_views = {self.num_reqs: self.cu_seqlens}  # level_cu_seqlens
-        self.chunk_indices, self.chunk_offsets = fla.chunk_indices, fla.chunk_offsets
+        # views of this bucket's capacity (a shared fill's tables are the largest bucket's);
+        # cu_seqlens keeps the entry after the tail sequence (module docstring)
+        fla, seqs = step["fla"], self.num_reqs
+        self._cu_seqlens_table = fla.cu_seqlens[: seqs + 2]
+        self.cu_seqlens = fla.cu_seqlens[: seqs + 1]
+        self._cu_seqlens_views = {seqs: self.cu_seqlens}  # level_cu_seqlens
+        self.chunk_indices = fla.chunk_indices[: self._chunk_bound(seqs)]
+        self.chunk_offsets = fla.chunk_offsets[: seqs + 2]
 
     def fits(self, num_reqs: int, num_tokens: int) -> bool:
         return num_reqs <= self.num_reqs and num_tokens <= self.num_tokens
@@ -271,6 +318,7 @@ class Mamba2StepInputs(MixedStepInputs):
         decodes: str = "ssu",
         levels: bool = True,
         ssd_rows: int | None = None,
+        fill: SharedFill | None = None,
     ):
         if decodes not in MAMBA2_DECODES:
             raise ChunkMetaError(f"decodes={decodes!r}: one of {MAMBA2_DECODES}.")
@@ -281,8 +329,8 @@ class Mamba2StepInputs(MixedStepInputs):
         if decodes == "ssd" and ssd_rows != num_reqs:
             raise ChunkMetaError(f"ssd_rows={ssd_rows}: with decodes='ssd' every row is an SSD row ({num_reqs}).")
         self.checkpoints, self.decodes, self.ssd_rows = checkpoints, decodes, ssd_rows
-        super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size, levels=levels)
-        rows = lambda fill, dtype=torch.int32: torch.full((num_reqs,), fill, dtype=dtype, device=self.device)  # noqa: E731
+        super().__init__(num_tokens, num_reqs, device, chunk_size=chunk_size, levels=levels, fill=fill)
+        rows = lambda value, dtype=torch.int32: torch.full((num_reqs,), value, dtype=dtype, device=self.device)  # noqa: E731
         self._row_index = torch.arange(num_reqs, dtype=torch.int32, device=self.device)
         self.decode_rows = rows(False, torch.bool)
         self.cu_seqlens = torch.zeros(num_reqs + 1, dtype=torch.int32, device=self.device)
@@ -306,14 +354,12 @@ class Mamba2StepInputs(MixedStepInputs):
                 padded=True,
                 **self._rows(zero.to(self.device), zero, one.to(self.device), one),
             )
-            self.checkpoint_chunk_idx = probe["ssd"].checkpoint_chunk_idx
+            self.checkpoint_chunk_idx = probe["ssd"].checkpoint_chunk_idx[:num_reqs]
 
     def _specs(self) -> dict:
         self.ssd_spec = tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=0)
-        return {
-            "ssd": self.ssd_spec,
-            "conv": tables.Conv(rows="batch", block_m=CONV_BLOCK_M),
-        }
+        self._conv_spec = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
+        return {"ssd": self.ssd_spec, "conv": self._conv_spec}
 
     def _chunk_capacity(self) -> int:
         return self.seq_idx.shape[0]
@@ -357,8 +403,11 @@ class Mamba2StepInputs(MixedStepInputs):
 
     def _set_tables(self, step) -> None:
         # the SSD rows' chunk boundaries count from their first token: ssd_cu_chunk_seqlens
-        # shifts them by the decode tokens ahead
-        self._chunk_table, self.seq_idx, self.last_chunk_indices, self.checkpoint_chunk_idx = ssd_fields(step["ssd"])
+        # shifts them by the decode tokens ahead. Views of this bucket's capacity (as the base's).
+        chunks, seqs = self._chunk_bound(self.num_reqs), self.num_reqs
+        table, seq_idx, last, checkpoint = ssd_fields(step["ssd"])
+        self._chunk_table, self.seq_idx, self.last_chunk_indices = table[: chunks + 1], seq_idx[:chunks], last[:seqs]
+        self.checkpoint_chunk_idx = None if checkpoint is None else checkpoint[:seqs]
 
     def stage(
         self,

@@ -34,17 +34,35 @@ def addresses(bucket):
     return [(t.shape, t.dtype, t.data_ptr()) for t in tensors], bucket.conv.nums_dict[8]["tot"]
 
 
-def test_staged_steps_match_the_reference_at_fixed_addresses():
-    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+def shared_fill(shared: bool):
+    """A fill larger than the tests' bucket (the largest bucket's, as a builder shares it), or None."""
+    return mixed_step.SharedFill(4 * TOKENS, 4 * REQS) if shared else None
+
+
+def tail_seq(fill) -> int:
+    """The sequence the padding rows point at: the fill's tail, or the bucket's own."""
+    return REQS if fill is None else fill.num_reqs
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_staged_steps_match_the_reference_at_fixed_addresses(shared):
+    fill = shared_fill(shared)
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu", fill=fill)
+    if shared:  # a smaller bucket staged between this one's steps: it writes the same tables
+        other = MixedStepInputs(TOKENS // 2, REQS // 2, "cpu", fill=fill)
+        assert other.builder is bucket.builder
     fixed = addresses(bucket)
     rows = bucket.chunk_indices.shape[0]
     rng = np.random.default_rng(3)
     for _ in range(60):
         qsl, states, computed = random_step(rng)
         n = qsl.shape[0] - 1
+        if shared:
+            small_qsl, *small = random_step(rng, REQS // 2, TOKENS // 2)
+            other.stage(small_qsl, small_qsl, *small)
         bucket.stage(qsl, qsl, states, computed)
         assert addresses(bucket) == fixed
-        want = reference.padded_chunk_metadata(qsl.tolist(), 64, REQS + 1, rows, pad_seq=REQS)
+        want = reference.padded_chunk_metadata(qsl.tolist(), 64, REQS + 1, rows, pad_seq=tail_seq(fill))
         assert bucket.cu_seqlens.tolist() == want.cu_seqlens[: REQS + 1]
         assert [tuple(r) for r in bucket.chunk_indices.tolist()] == [tuple(r) for r in want.chunk_indices]
         assert bucket.chunk_offsets[: REQS + 1].tolist() == want.chunk_offsets[: REQS + 1]
@@ -57,17 +75,47 @@ def test_staged_steps_match_the_reference_at_fixed_addresses():
         assert bucket.staged.fla.is_live
 
 
-def test_padding_rows_point_at_the_reserved_tail_only():
-    bucket = MixedStepInputs(TOKENS, REQS, "cpu")
+@pytest.mark.parametrize("shared", [False, True])
+def test_padding_rows_point_at_the_reserved_tail_only(shared):
+    fill = shared_fill(shared)
+    bucket = MixedStepInputs(TOKENS, REQS, "cpu", fill=fill)
     qsl = torch.tensor([0, 1, 2, 70], dtype=torch.int32)
     bucket.stage(qsl, qsl, torch.tensor([4, 5, 6], dtype=torch.int32), torch.tensor([3, 0, 9], dtype=torch.int32))
     real = 1 + 1 + 2
-    assert (bucket.chunk_indices[real:] == torch.tensor([REQS, 0], dtype=torch.int32)).all()
-    # the kernels' cu_seqlens is the first REQS + 1 entries; the tail sequence REQS and the entry
-    # after it (read by KDA's token-parallel kernel past the last row) hold the total
+    assert (bucket.chunk_indices[real:] == torch.tensor([tail_seq(fill), 0], dtype=torch.int32)).all()
+    # the kernels' cu_seqlens is the first REQS + 1 entries; every sequence after the last row up
+    # to the tail one and the entry after it (read by KDA's token-parallel kernel past the last
+    # row) hold the total
     full = bucket.staged.fla.cu_seqlens
-    assert full.shape[0] == REQS + 2 and full[REQS:].tolist() == [70, 70]
+    assert full.shape[0] == tail_seq(fill) + 2 and set(full[3:].tolist()) == {70}
     assert bucket.cu_seqlens.data_ptr() == full.data_ptr()
+
+
+def shapes(bucket) -> dict:
+    """Every tensor a forward or a stage reads of a bucket, by name: its shape (host ints as is)."""
+    out = {name: tuple(t.shape) for name, t in vars(bucket).items() if isinstance(t, torch.Tensor)}
+    out.update(levels=bucket.levels, tot=bucket.conv.nums_dict[8]["tot"], conv=tuple(bucket.conv.batch_ptr.shape))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gdn", "mamba2", "mamba2_align"])
+def test_a_shared_fill_gives_each_bucket_the_shapes_of_its_own(kind):
+    """Buckets of every capture size on one fill (one layout: one kernel compiled) read tables of
+    their own capacity: the shapes, grids and levels a bucket with its own fill has."""
+
+    def make(tokens, reqs, fill):
+        if kind == "gdn":
+            return MixedStepInputs(tokens, reqs, "cpu", fill=fill)
+        return mixed_step.Mamba2StepInputs(tokens, reqs, "cpu", chunk_size=16, checkpoints=kind == "mamba2_align",
+                                           fill=fill)  # fmt: skip
+
+    sizes = (2, 4, 8, 16, 24, 32, 48, 64, 96)
+    fill = mixed_step.SharedFill(max(sizes), 32)
+    built = {(n, r): make(n, r, fill) for n in sizes for r in (1, 8, min(n, 32)) if r <= n}
+    assert len({id(b.builder) for b in built.values()}) == 1
+    for (n, r), bucket in built.items():
+        assert shapes(bucket) == shapes(make(n, r, None)), (n, r)
+    assert make(2 * max(sizes), 8, fill).builder is not built[2, 1].builder  # over the fill: its own
 
 
 @pytest.mark.parametrize(
@@ -264,11 +312,23 @@ def mamba2_step(rng, reqs_max=REQS, tokens_max=TOKENS, checkpoints=False):
     return qsl, states, torch.tensor(computed, dtype=torch.int32), decodes, torch.tensor(offsets, dtype=torch.int32)
 
 
+def stage_mamba2(bucket, qsl, states, computed, decodes, offsets, checkpoints):
+    extra = {}
+    if checkpoints:
+        extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets, checkpoint_state_indices=states + 100)
+    bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes, **extra)
+
+
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("decodes_mode", ["ssu", "ssd"])
 @pytest.mark.parametrize("checkpoints", [False, True])
-def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints, decodes_mode):
+def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints, decodes_mode, shared):
+    fill = shared_fill(shared)
     bucket = mixed_step.Mamba2StepInputs(TOKENS, REQS, "cpu", chunk_size=16, checkpoints=checkpoints,
-                                         decodes=decodes_mode)  # fmt: skip
+                                         decodes=decodes_mode, fill=fill)  # fmt: skip
+    other = mixed_step.Mamba2StepInputs(TOKENS // 2, REQS // 2, "cpu", chunk_size=16, checkpoints=checkpoints,
+                                        decodes=decodes_mode, fill=fill)  # fmt: skip
+    assert (other.builder is bucket.builder) == shared
     tensors = [bucket.ssd_cu_chunk_seqlens, bucket.seq_idx, bucket.last_chunk_indices, bucket.cu_seqlens,
                bucket.state_indices, bucket.has_initial_state, bucket.decode_rows, bucket.ssd_cu_seqlens,
                bucket.ssd_state_indices, bucket.ssd_has_initial, bucket.ssd_checkpoint_offsets,
@@ -282,6 +342,8 @@ def test_mamba2_staged_steps_match_the_reference_at_fixed_addresses(checkpoints,
         if checkpoints:
             extra = dict(checkpoint_offsets=offsets, checkpoint_offsets_cpu=offsets)
             extra.update(checkpoint_state_indices=states + 100)
+        small = mamba2_step(rng, REQS // 2, TOKENS // 2, checkpoints=checkpoints)
+        stage_mamba2(other, *small, checkpoints)  # between this bucket's steps: same tables when shared
         bucket.stage(qsl, qsl, states, computed, num_computed_tokens_cpu=computed, num_decodes=decodes, **extra)
         assert [(t.shape, t.data_ptr()) for t in tensors] == fixed
         # the SSD rows: the prefill rows (every row when decodes run as SSD rows), then padding

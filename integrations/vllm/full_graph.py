@@ -246,7 +246,14 @@ class FullGraphBuilderMixin:
         bucket = self._dispatched_bucket(args[1])
         if bucket is None:
             return super().build(*args, **kwargs)
-        return self._staged_build(bucket, args, kwargs, strict=self._chunkmeta_dispatch is not None)
+        return self._staged_build(bucket, args, kwargs, strict=self._strict())
+
+    def _strict(self) -> bool:
+        """Whether a failed stage must raise: a FULL graph that vLLM dispatched replays whatever
+        its bucket holds. A breakable graph's replay is gated (``breakable``): an unstaged step
+        runs eagerly, so its stage may fall back."""
+        record = self._chunkmeta_dispatch
+        return record is not None and record.current not in record.breakable
 
     def _dispatched_bucket(self, m) -> MixedStepInputs | None:
         """The bucket of a step vLLM replays in a mixed graph, or None. With a runner hook
@@ -257,7 +264,9 @@ class FullGraphBuilderMixin:
         record = self._chunkmeta_dispatch
         if record is None:
             return None if self._vllm_decode_routine(m) else self.chunkmeta_buckets.get(shape)
-        if record.current != shape:  # another graph, none, or an eager batch the dispatch never saw
+        if record.current in record.breakable:
+            shape = record.current  # a breakable graph's metadata is the unpadded step's
+        elif record.current != shape:  # another graph, none, or an eager batch the dispatch never saw
             return None
         bucket = self.chunkmeta_buckets.get(shape)
         if bucket is None:
@@ -284,6 +293,8 @@ class FullGraphBuilderMixin:
             return metadata
         self.chunkmeta_mixed_steps += 1
         metadata.chunkmeta_mixed = bucket
+        if self._chunkmeta_dispatch is not None:
+            self._chunkmeta_dispatch.mark(self)
         return metadata
 
     def update_block_table(self, metadata, blk_table, slot_mapping):
@@ -297,8 +308,16 @@ class FullGraphBuilderMixin:
             view = self._chunkmeta_views.get(bucket)
             if view is None:
                 view = self._chunkmeta_views[bucket] = GroupInputs(bucket)
-            self._stage_view(view, out)
+            try:
+                self._stage_view(view, out)
+            except Exception as exc:
+                if self._strict():
+                    raise
+                self._mixed_fall_back(exc)  # unmarked: the gated replay runs this step eagerly
+                return out
             out.chunkmeta_mixed = view
+            if self._chunkmeta_dispatch is not None:
+                self._chunkmeta_dispatch.mark(self)
         return out
 
     # a family's part: its bucket, its build()'s arguments at capture, what its metadata stages
@@ -569,24 +588,24 @@ def _conv_state(conv_state):
 
 def kimi_forward(original):
     """``KimiGatedDeltaNetAttention._forward`` with the graph-safe mixed path; ``original`` is
-    vLLM's (decorated with ``eager_break_during_capture``, whose wrapped function it calls for
-    everything else). The result is decorated the same way, so piecewise capture still breaks
-    around it."""
-    from vllm.compilation.breakable_cudagraph import eager_break_during_capture
-
-    inner = getattr(original, "__wrapped__", original)
+    vLLM's (decorated with ``eager_break_during_capture``), called for everything else. The
+    graph-safe path is not decorated: inside a breakable capture (vLLM's piecewise graphs of
+    Kimi-Linear) a staged step's KDA is captured with the rest of the segment; a step without a
+    bucket goes through vLLM's decorated method, a break as before."""
     ops = functools.cache(_kimi_ops)  # resolved on the first step served, once per patch
 
-    @functools.wraps(inner)
+    @functools.wraps(getattr(original, "__wrapped__", original))
     def _forward(self, mixed_qkv, g1, g2, beta, core_attn_out):
         served = _bucket_of(self)
         if served is None:
-            return inner(self, mixed_qkv, g1, g2, beta, core_attn_out)
-        m, bucket = served
+            return original(self, mixed_qkv, g1, g2, beta, core_attn_out)
+        _, bucket = served
         conv_state, recurrent_state = self.kv_cache
         conv_state = _conv_state(conv_state)
         weights = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
-        tokens = m.num_actual_tokens
+        # the bucket's tokens: a FULL graph's metadata counts them (vLLM pads it), a breakable
+        # graph's counts the step's own, padded to the graph's size in the layer's inputs
+        tokens = bucket.num_tokens
         out = kda_mixed_forward(
             ops(),
             bucket,
@@ -605,7 +624,7 @@ def kimi_forward(original):
         core_attn_out.copy_(self.o_norm(core_attn_out, g2))
 
     _forward.__qualname__ = f"chunkmeta.{KIMI_LAYER}._forward"
-    return eager_break_during_capture(_forward)
+    return _forward
 
 
 def _qwen_ops() -> GdnOps:
@@ -796,6 +815,6 @@ def layer_wiring(patches) -> dict:
         ),
         gd.MRV2_RUNNER_MODULE: _method_wiring(patches, gd.RUNNER, "initialize_kv_cache", gd.mrv2_mixed_graphs, graphs),
         gd.CAPTURE_MODULE: _method_wiring(
-            patches, gd.CAPTURE_MANAGER, "capture", gd.timed_capture, "times and measures each graph it captures"
+            patches, gd.CAPTURE_MANAGER, "capture", gd.mrv2_capture, "stages breakable captures, times each graph"
         ),
     }

@@ -15,7 +15,9 @@ graphs for mixed batches of every capture size ``N > 1``, beside vLLM's decode g
   max_num_seqs))`` (its dispatcher is not told the request count).
 
 Under a user's ``cudagraph_mode=FULL`` the mixed graphs are vLLM's own; each gets its bucket
-before capture, or leaves the capture list (its steps run eagerly).
+before capture, or leaves the capture list (its steps run eagerly). Under vLLM's breakable
+graphs (Kimi-Linear, where MLA keeps mixed steps off FULL graphs), MRV2's piecewise graphs get
+buckets instead (``chunkmeta.integrations.vllm.breakable``).
 
 The decision: ``MixedDispatch`` wraps the runner's dispatch. When vLLM picks a mixed FULL graph
 (``mrv2_mixed_shape`` / ``v1_mixed_shape``) the step must be one chunkmeta can stage
@@ -60,30 +62,56 @@ def request_buckets(num_tokens: int, max_num_reqs: int, environ=None) -> list[in
 
 
 class MixedDispatch:
-    """The mixed FULL graph vLLM's dispatch chose for the step in flight (``current``: its
+    """The mixed graph vLLM's dispatch chose for the step in flight (``current``: its
     ``(num_tokens, num_reqs)``, None for any other graph or none), shared by the runner's
-    chunkmeta builders; the steps turned away from a mixed graph, by cause."""
+    chunkmeta builders; the steps turned away from a mixed graph, by cause.
+
+    A mixed graph is a FULL one (``added`` or vLLM's own) or, under vLLM's breakable CUDA graphs,
+    a piecewise one whose KDA layers chunkmeta's bucket keeps in the graph (``breakable``,
+    ``chunkmeta.integrations.vllm.breakable``). Each decision and each capture is a new
+    ``stage_id``; a builder that staged it (or its KV-cache group's view) is marked with it
+    (``mark``), so a replay can tell that every builder staged the step in flight
+    (``fully_staged``)."""
 
     def __init__(self, builders):
         self.builders = list(builders)
         self.current: tuple[int, int] | None = None
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
+        self.breakable: set[tuple[int, int]] = set()  # vLLM's breakable graphs holding chunkmeta's KDA
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
-        self.captures: list[dict] = []  # the last capture's graphs, each timed (timed_capture)
+        self.captures: list[dict] = []  # the last capture's graphs, each timed (mrv2_capture)
         # the step in flight's rows (record_steps), for a builder whose graphs hold fewer rows of
         # some kind than of requests; None outside a step
         self.step: StepRows | None = None
+        self.stage_id = 0
+        self._marks: dict[int, int] = {}  # id(builder) -> the stage_id it last staged
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
 
+    def mark(self, builder) -> None:
+        """``builder`` staged the step in flight (its bucket, or its group's view)."""
+        self._marks[id(builder)] = self.stage_id
+
+    def fully_staged(self) -> bool:
+        """Whether every builder staged the step in flight."""
+        return all(self._marks.get(id(b)) == self.stage_id for b in self.builders)
+
+    def prepare_capture(self, shape: tuple[int, int] | None) -> None:
+        """A capture's inputs are about to be built: ``shape``, a breakable graph's, is staged
+        by the builders (None: no breakable graph; FULL captures stage through
+        ``build_for_cudagraph_capture``)."""
+        self.stage_id += 1
+        self.current = shape if shape in self.breakable else None
+
     def decide(self, shape: tuple[int, int] | None, *, uniform_decode: bool = False) -> bool:
-        """Record vLLM's choice for this step: ``shape`` of a mixed FULL graph, or None. False
+        """Record vLLM's choice for this step: ``shape`` of a mixed graph, or None. False
         when the step does not go there: it cannot be staged, or it is a uniform decode batch
         that reached a graph chunkmeta added (where vLLM has no decode graph of that size: its
         own choice without chunkmeta's graphs keeps its decode kernels). The caller then
         dispatches the step elsewhere."""
         self.current = None
+        self.stage_id += 1
         if shape is None:
             return True
         if uniform_decode and shape in self.added:
@@ -196,6 +224,18 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
     return desc.num_tokens, desc.num_reqs
 
 
+def mrv2_breakable_shape(manager, desc, record: MixedDispatch) -> tuple[int, int] | None:
+    """``(num_tokens, num_reqs)`` of a breakable piecewise descriptor whose graph holds
+    chunkmeta's KDA (``record.breakable``, not refused): the request capacity of its capture,
+    ``min(N, max_num_seqs)`` (cudagraph_utils.py:676); None for any other."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    if not getattr(manager, "use_breakable_cg", False) or desc.cg_mode != CUDAGraphMode.PIECEWISE:
+        return None
+    shape = (desc.num_tokens, min(desc.num_tokens, manager.max_num_reqs))
+    return shape if shape in record.breakable and shape not in record.refused else None
+
+
 CAPTURE_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 CAPTURE_MANAGER = "CudaGraphManager"
 
@@ -208,31 +248,35 @@ def _free_bytes(device) -> int:
     return torch.cuda.mem_get_info(device)[0]
 
 
-def timed_capture(original):
+def mrv2_capture(original):
     """MRV2's ``CudaGraphManager.capture`` (the loop ``ModelCudaGraphManager.capture`` runs
-    through ``super()``), timing each graph where chunkmeta's start-up asked for it (the manager's
-    ``_chunkmeta_captures``, a ``MixedDispatch``; a CUDA device): per descriptor the seconds of
-    its warm-up and capture and the device memory they took. ``record.captures`` is the last
-    capture's list (vLLM's memory profile captures a sample first), chunkmeta's mixed graphs
-    marked ``chunkmeta``."""
+    through ``super()``) for a manager chunkmeta's start-up hooked (its ``_chunkmeta_record``, a
+    ``MixedDispatch``): before each descriptor's inputs are built, the record says which
+    breakable graph they are for (``prepare_capture``: the builders stage it); where start-up
+    asked for it (``_chunkmeta_timed``: a CUDA device), each graph is timed: per descriptor the
+    seconds of its warm-up and capture and the device memory they took. ``record.captures`` is
+    the last capture's list (vLLM's memory profile captures a sample first), chunkmeta's mixed
+    graphs marked ``chunkmeta``."""
 
     @functools.wraps(original)
     def capture(self, create_forward_fn, *args, **kwargs):
-        record = getattr(self, "_chunkmeta_captures", None)
+        record = getattr(self, "_chunkmeta_record", None)
         if record is None:
             return original(self, create_forward_fn, *args, **kwargs)
+        timed = getattr(self, "_chunkmeta_timed", False)
         rows, current = [], []
 
         def close():
             if current:
                 desc, t0, free0 = current.pop()
                 shape = mrv2_mixed_shape(desc)
+                ours = (shape is not None and shape in record.added) or mrv2_breakable_shape(self, desc, record)
                 rows.append(
                     {
                         "mode": getattr(desc.cg_mode, "name", str(desc.cg_mode)),
                         "num_tokens": desc.num_tokens,
                         "num_reqs": desc.num_reqs,
-                        "chunkmeta": shape is not None and shape in record.added,
+                        "chunkmeta": bool(ours),
                         "seconds": round(time.perf_counter() - t0, 4),
                         "bytes": free0 - _free_bytes(self.device),
                     }
@@ -240,18 +284,21 @@ def timed_capture(original):
 
         def create(desc, *fn_args, **fn_kwargs):
             # vLLM asks for each descriptor's warm-up forward first (warmup=True), then its capture
-            if fn_kwargs.get("warmup", fn_args[0] if fn_args else False):
+            if timed and fn_kwargs.get("warmup", fn_args[0] if fn_args else False):
                 close()
                 current.append((desc, time.perf_counter(), _free_bytes(self.device)))
+            record.prepare_capture(mrv2_breakable_shape(self, desc, record))
             return create_forward_fn(desc, *fn_args, **fn_kwargs)
 
         try:
             return original(self, create, *args, **kwargs)
         finally:
-            # after a failed capture the synchronize may fail too: the capture's error is the one raised
-            with contextlib.suppress(Exception):
-                close()
-            record.captures = rows
+            record.current = None  # no step is in flight after a capture
+            if timed:
+                # after a failed capture the synchronize may fail too: the capture's error is the one raised
+                with contextlib.suppress(Exception):
+                    close()
+                record.captures = rows
 
     capture.__qualname__ = f"chunkmeta.{CAPTURE_MANAGER}.capture"
     return capture
@@ -319,22 +366,26 @@ def keep_stageable_descs(manager, record: MixedDispatch) -> int:
 
 
 def mrv2_dispatch(manager, record: MixedDispatch) -> None:
-    """Wrap ``manager.dispatch`` (this instance): vLLM's choice, recorded; a mixed FULL graph a
-    builder cannot stage gives way to the next compatible candidate that is not one."""
+    """Wrap ``manager.dispatch`` (this instance): vLLM's choice, recorded; a mixed graph (FULL, or
+    breakable holding chunkmeta's KDA) a builder cannot stage gives way to the next compatible
+    candidate that is not one (none for a breakable one: the step runs eagerly)."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, _is_compatible
 
     original = manager.dispatch
 
+    def mixed_shape(desc):
+        return mrv2_mixed_shape(desc) or mrv2_breakable_shape(manager, desc, record)
+
     @functools.wraps(original)
     def dispatch(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         desc = original(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len, num_ubatches)
         uniform_decode = uniform_token_count is not None and uniform_token_count == manager.decode_query_len
-        if record.decide(mrv2_mixed_shape(desc), uniform_decode=uniform_decode):
+        if record.decide(mixed_shape(desc), uniform_decode=uniform_decode):
             return desc
         loras = manager._resolve_effective_loras(num_active_loras)
         for other in manager._candidates.get((num_tokens, loras), ()):
-            if mrv2_mixed_shape(other) is None and _is_compatible(
+            if mixed_shape(other) is None and _is_compatible(
                 other, num_reqs, num_tokens, uniform_token_count, loras, max_query_len, num_ubatches
             ):
                 return other
@@ -386,6 +437,19 @@ def record_steps(runner, record: MixedDispatch) -> None:
     runner._chunkmeta_steps_recorded = True
 
 
+def _breakable_buckets(vllm_config, manager, builders, record: MixedDispatch) -> None:
+    """Under vLLM's breakable graphs, chunkmeta's KDA in them (``breakable``), or a log line why not."""
+    from chunkmeta.integrations.vllm import breakable
+
+    why = breakable.breakable_refusal(vllm_config, manager, builders)
+    if why is not None:
+        logger.info("chunkmeta: breakable graphs keep vLLM's KDA breaks: %s", why)
+        return
+    shapes = breakable.add_breakable_buckets(manager, builders, record)
+    breakable.gate(manager, record)
+    logger.info("chunkmeta: %d breakable CUDA graphs hold chunkmeta's KDA (MLA stays a break)", len(shapes))
+
+
 def mrv2_mixed_graphs(original):
     """MRV2's ``GPUModelRunner.initialize_kv_cache`` (it makes the builders and the graph manager,
     nothing captured yet), then the mixed graphs (chunkmeta's beside vLLM's under
@@ -408,17 +472,19 @@ def mrv2_mixed_graphs(original):
                 why = why or ("micro-batching" if manager.ubatch_runner is not None else None)
                 if why:
                     logger.info("chunkmeta: mixed batches stay piecewise: %s", why)
+                    _breakable_buckets(self.vllm_config, manager, builders, record)
                 else:
                     record.added = add_mixed_full_descs(manager, self.vllm_config, builders, record._turn_away)
                     logger.info("chunkmeta: %d FULL CUDA graphs for mixed batches beside vLLM's", len(record.added))
             elif manager.cudagraph_mode.mixed_mode() == CUDAGraphMode.FULL:
                 keep_stageable_descs(manager, record)
         except Exception as exc:  # noqa: BLE001  vLLM's descriptors as they were: mixed batches piecewise
+            record.added, record.breakable = set(), set()
             logger.warning("chunkmeta: no mixed-step graphs added (%s: %s)", type(exc).__name__, exc)
         mrv2_dispatch(manager, record)
         record_steps(self, record)
-        if getattr(getattr(manager, "device", None), "type", None) == "cuda":
-            manager._chunkmeta_captures = record  # timed_capture: each graph's seconds and bytes
+        manager._chunkmeta_record = record  # mrv2_capture: breakable captures staged
+        manager._chunkmeta_timed = getattr(getattr(manager, "device", None), "type", None) == "cuda"
         return result
 
     initialize_kv_cache.__qualname__ = f"chunkmeta.{RUNNER}.initialize_kv_cache"

@@ -336,7 +336,7 @@ def test_kimi_layer_takes_the_graph_safe_path_for_a_bucket_only(configs, full_cl
     module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)  # wired by full_cls's install()
     layer_cls = getattr(module, full_graph.KIMI_LAYER)
     forward = layer_cls.__dict__["_forward"]
-    assert forward.__wrapped__.__qualname__ == f"chunkmeta.{full_graph.KIMI_LAYER}._forward"
+    assert forward.__qualname__ == f"chunkmeta.{full_graph.KIMI_LAYER}._forward"  # not decorated: breakable.py
     calls = _record(monkeypatch, "kda_mixed_forward", (2, 8))
     builder = full_cls(SPEC, LAYERS, configs[False], DEVICE)
     bucket = builder.build_for_cudagraph_capture(capture_metadata(BUCKET_TOKENS, MAX_NUM_SEQS)).chunkmeta_mixed
@@ -782,10 +782,13 @@ def test_mrv2_capture_times_each_graph_where_start_up_asked(piecewise_config, fu
             create_forward_fn(desc, warmup=False)(desc.cg_mode)
 
     forwards = []
-    timed = graph_dispatch.timed_capture(loop)
+    timed = graph_dispatch.mrv2_capture(loop)
     timed(mrv2_manager, lambda desc, warmup: lambda mode: forwards.append((desc, warmup)))
-    assert record.captures == [] and len(forwards) == 2 * len(descs)  # not asked: vLLM's loop alone
-    mrv2_manager._chunkmeta_captures = record
+    assert record.captures == [] and len(forwards) == 2 * len(descs)  # no record: vLLM's loop alone
+    mrv2_manager._chunkmeta_record = record
+    timed(mrv2_manager, lambda desc, warmup: lambda mode: None)
+    assert record.captures == []  # not asked (a CPU device): no timing
+    mrv2_manager._chunkmeta_timed = True
     timed(mrv2_manager, lambda desc, warmup: lambda mode: None)
     assert [(c["num_tokens"], c["num_reqs"], c["mode"]) for c in record.captures] == [
         (d.num_tokens, d.num_reqs, d.cg_mode.name) for d in descs
@@ -802,7 +805,7 @@ def test_mrv2_capture_times_each_graph_where_start_up_asked(piecewise_config, fu
         raise RuntimeError("capture failed")
 
     with pytest.raises(RuntimeError, match="capture failed"):
-        graph_dispatch.timed_capture(failing)(mrv2_manager, lambda desc, warmup: None)
+        graph_dispatch.mrv2_capture(failing)(mrv2_manager, lambda desc, warmup: None)
     assert [c["num_tokens"] for c in record.captures] == [descs[0].num_tokens]
 
     # a failed capture whose measurement fails too (a CUDA error fails the synchronize): the
@@ -819,5 +822,255 @@ def test_mrv2_capture_times_each_graph_where_start_up_asked(piecewise_config, fu
         raise RuntimeError("capture failed")
 
     with pytest.raises(RuntimeError, match="capture failed"):
-        graph_dispatch.timed_capture(fails_late)(mrv2_manager, lambda desc, warmup: None)
+        graph_dispatch.mrv2_capture(fails_late)(mrv2_manager, lambda desc, warmup: None)
     assert [c["num_tokens"] for c in record.captures] == [descs[0].num_tokens]
+
+
+# -- Kimi-Linear under vLLM's breakable graphs (MRV2): the KDA inside, MLA a break, fail closed ---
+
+
+@pytest.fixture
+def kimi_config(tmp_path, monkeypatch):
+    """Kimi-Linear's config as vLLM 0.33.0 sets it up by default: breakable CUDA graphs (the env
+    flag its config sets, restored after the test), no torch.compile, FULL_AND_PIECEWISE, capture
+    sizes on both sides of max_num_seqs (16)."""
+    from vllm.config import VllmConfig
+    from vllm.config.compilation import CompilationMode
+
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")  # config/vllm.py:842-851 sets it for Kimi-Linear
+    hf_config = vllm_real_batches.tiny_qwen3_next()
+    hf_config.architectures = ["KimiLinearForCausalLM"]
+    model = vllm_real_batches.model_config(hf_config, str(tmp_path), seed=0)
+    config = VllmConfig(
+        model_config=model, scheduler_config=vllm_real_batches.scheduler_config(MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
+    )
+    cc = config.compilation_config
+    cc.cudagraph_mode, cc.mode = CUDAGraphMode.FULL_AND_PIECEWISE, CompilationMode.NONE
+    cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = [1, 2, 4, 8, 16, 32, 64, 128], 128
+    return config
+
+
+class FakeGraph:
+    """``torch.cuda.CUDAGraph`` on this CPU machine: captures nothing, counts its replays."""
+
+    replays = 0
+
+    def capture_begin(self, pool=None):
+        pass
+
+    def capture_end(self):
+        pass
+
+    def replay(self):
+        FakeGraph.replays += 1
+
+
+@pytest.fixture
+def breakable_capture(monkeypatch):
+    """vLLM's real ``BreakableCUDAGraphCapture`` / ``Wrapper`` on CPU: fake graphs, identity weak
+    refs (a compiled op), no pool, no garbage collection between captures."""
+    import contextlib
+    import gc
+
+    from vllm.compilation import breakable_cudagraph
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(breakable_cudagraph, "weak_ref_tensor", lambda t: t)
+    monkeypatch.setattr(breakable_cudagraph, "weak_ref_tensors", lambda t: t)
+    monkeypatch.setattr(breakable_cudagraph, "capture_pool", lambda pool, config: contextlib.nullcontext(None))
+    FakeGraph.replays = 0
+    enabled = gc.isenabled()
+    gc.disable()
+    yield breakable_cudagraph
+    if enabled:
+        gc.enable()
+
+
+def _breakable_wired(config, manager, builders):
+    record = graph_dispatch.MixedDispatch(builders)
+    graph_dispatch._breakable_buckets(config, manager, builders, record)
+    graph_dispatch.mrv2_dispatch(manager, record)
+    return record
+
+
+def test_breakable_graphs_get_a_bucket_per_size_and_the_steps_dispatched_to_them(kimi_config, full_cls, make_manager):
+    manager = make_manager(kimi_config)
+    assert manager.use_breakable_cg
+    builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
+    record = _breakable_wired(kimi_config, manager, [builder])
+    shapes = {(n, min(n, MAX_NUM_SEQS)) for n in (1, 2, 4, 8, 16, 32, 64, 128)}
+    assert record.breakable == shapes == set(builder.chunkmeta_buckets) and not record.added
+    # a mixed batch: vLLM's piecewise graph of its size, recorded with the capture's request rows
+    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current == (32, 16)
+    # the step's metadata is unpadded (model_runner.py:1462): staged into the bucket, its rows padded
+    staged = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    bucket = builder.chunkmeta_buckets[32, 16]
+    assert staged.chunkmeta_mixed is bucket and record.fully_staged()
+    assert bucket.cu_seqlens.tolist() == [0, 1, 8, 20] + [20] * 13
+    assert bucket.has_initial_state.tolist() == [True] + [False] * 15
+    # decodes keep vLLM's FULL decode graph; over every capture size, eager: nothing staged
+    assert _mrv2_dispatch(manager, 5, 5, decode=True, prefill=False) == (CUDAGraphMode.FULL, 8, 8)
+    assert record.current is None and not record.fully_staged()
+    assert _mrv2_dispatch(manager, 3, 200)[0] == CUDAGraphMode.NONE
+    eager = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    assert not hasattr(eager, "chunkmeta_mixed") and eager.chunk_indices is not None
+
+
+def test_no_breakable_buckets_for_other_models_or_set_ups(configs, kimi_config, full_cls, make_manager, monkeypatch):
+    from chunkmeta.integrations.vllm import breakable
+
+    manager = make_manager(kimi_config)
+    builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
+    assert breakable.breakable_refusal(kimi_config, manager, [builder]) is None
+    qwen = full_cls(SPEC, LAYERS, configs[False], DEVICE)
+    assert "architectures" in breakable.breakable_refusal(configs[False], manager, [qwen])
+    manager.lora_capture_cases = [0, 1]
+    assert "LoRA" in breakable.breakable_refusal(kimi_config, manager, [builder])
+    manager.lora_capture_cases, manager.use_breakable_cg = [0], False
+    record = _breakable_wired(kimi_config, manager, [builder])
+    assert not record.breakable and not builder.chunkmeta_buckets
+    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current is None
+
+
+def test_the_start_up_picks_breakable_graphs_where_mla_keeps_mixed_steps_off_full_graphs(
+    kimi_config, full_cls, make_manager
+):
+    """MRV2's start-up (``initialize_kv_cache``, wrapped): an MLA group below ``ALWAYS`` (every
+    SM90 MLA backend) rules out chunkmeta's FULL mixed graphs; the breakable ones get buckets."""
+    manager = make_manager(kimi_config)
+    builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
+    kda = types.SimpleNamespace(
+        backend=types.SimpleNamespace(get_builder_cls=lambda: type(builder), __name__="GDNAttentionBackend"),
+        kv_cache_spec=SPEC,
+        metadata_builders=[builder],
+    )
+
+    class MlaBuilder:
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+            return AttentionCGSupport.UNIFORM_BATCH
+
+    mla = types.SimpleNamespace(
+        backend=types.SimpleNamespace(get_builder_cls=lambda: MlaBuilder, __name__="FlashAttnMLABackend"),
+        kv_cache_spec=SPEC,
+        metadata_builders=[MlaBuilder()],
+    )
+    runner = types.SimpleNamespace(
+        cudagraph_manager=manager, attn_groups=[[kda], [mla]], vllm_config=kimi_config, execute_model=lambda *a: None
+    )
+    graph_dispatch.mrv2_mixed_graphs(lambda self, *a, **k: "started")(runner)
+    record = manager._chunkmeta_record
+    assert not record.added and record.breakable == set(builder.chunkmeta_buckets) and len(record.breakable) == 8
+    assert builder._chunkmeta_dispatch is record and manager._chunkmeta_timed is False
+
+
+def _gated(config, full_cls, make_manager, breakable_capture, monkeypatch):
+    """An MRV2 manager with breakable buckets and its gated runner around ``_kimi_model``."""
+    from chunkmeta.integrations.vllm import breakable
+
+    manager = make_manager(config)
+    builder = full_cls(SPEC, LAYERS, config, DEVICE)
+    record = _breakable_wired(config, manager, [builder])
+    breakable.gate(manager, record)
+    model, layer, calls, counts = _kimi_model(monkeypatch, breakable_capture)
+    manager.init_breakable_cg_runner(model)
+    return manager, builder, record, manager.breakable_cg_runner, layer, calls, counts
+
+
+def _kimi_model(monkeypatch, breakable_capture):
+    """A stand-in model for the breakable runner: one Kimi-Linear KDA layer (chunkmeta's patched
+    ``_forward``, its graph-safe forward recorded) and one MLA-like break, each call counted."""
+    module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)
+    forward = getattr(module, full_graph.KIMI_LAYER).__dict__["_forward"]
+    calls = _record(monkeypatch, "kda_mixed_forward", (2, 8))
+    layer, tokens = _stand_in_layer(32), 32
+    counts = {"model": 0, "mla": 0}
+
+    @breakable_capture.eager_break_during_capture
+    def mla(out):
+        counts["mla"] += 1
+
+    def model():
+        counts["model"] += 1
+        out = torch.zeros(1, tokens, 2, 8)
+        forward(layer, mixed_qkv=torch.randn(tokens, 48), g1=torch.randn(1, tokens, 2, 8), g2=torch.randn(tokens, 2, 8),
+                beta=torch.randn(1, tokens, 2), core_attn_out=out)  # fmt: skip
+        mla(out)
+        return out
+
+    return model, layer, calls, counts
+
+
+def _run_piecewise(runner, num_tokens, attn_metadata):
+    """The runner as MRV2's ``run_pw_graph`` calls it, in a step's forward context."""
+    from vllm.forward_context import BatchDescriptor, override_forward_context
+
+    context = types.SimpleNamespace(
+        attn_metadata=attn_metadata,
+        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+    )
+    with override_forward_context(context):
+        return runner()
+
+
+def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
+    kimi_config, full_cls, make_manager, breakable_capture, monkeypatch, caplog
+):
+    from chunkmeta.integrations.vllm import breakable
+
+    manager, builder, record, runner, layer, calls, counts = _gated(
+        kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
+    )
+    desc = next(d for d in manager._capture_descs[CUDAGraphMode.PIECEWISE] if d.num_tokens == 32)
+    # capture (cudagraph_utils.py:469-481): the descriptor's inputs built, then the runner called
+    record.prepare_capture(graph_dispatch.mrv2_breakable_shape(manager, desc, record))
+    metadata = builder.build(0, capture_metadata(32, MAX_NUM_SEQS))
+    bucket = builder.chunkmeta_buckets[32, 16]
+    assert metadata.chunkmeta_mixed is bucket
+    _run_piecewise(runner, 32, {layer.prefix: metadata})
+    (entry,) = runner.entries.values()
+    assert entry.chunkmeta_shape == (32, 16)
+    assert entry.capture.num_eager_breaks == 1 and counts["mla"] == 1  # the MLA layer only: the KDA is in the graph
+    assert len(calls) == 1 and calls[0][0] is bucket
+    # a staged step replays the graph: its segments and the MLA break, no model call
+    _mrv2_dispatch(manager, 3, 20)
+    step = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    models, replays = counts["model"], FakeGraph.replays
+    _run_piecewise(runner, 32, {layer.prefix: step})
+    assert counts["model"] == models and FakeGraph.replays == replays + 2 and counts["mla"] == 2
+    # a step dispatched to the graph but not staged (its build did not run, or failed): the
+    # model runs eagerly, counted, one warning; the staged path is not replayed
+    _mrv2_dispatch(manager, 3, 20)
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        _run_piecewise(runner, 32, {layer.prefix: step})
+        _mrv2_dispatch(manager, 3, 20)
+        _run_piecewise(runner, 32, {layer.prefix: step})
+    assert counts["model"] == models + 2 and FakeGraph.replays == replays + 2
+    assert record.turned_away[breakable.UNSTAGED] == 2
+    assert sum(breakable.UNSTAGED in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_breakable_capture_not_staged_keeps_vllms_breaks_and_stages_none_of_its_steps(
+    kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
+):
+
+    manager, builder, record, runner, layer, calls, counts = _gated(
+        kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
+    )
+
+    def refuse(*args, **kwargs):
+        raise ChunkMetaError("no stage for the test")
+
+    monkeypatch.setattr(type(builder), "_stage", refuse)
+    record.prepare_capture((32, 16))
+    metadata = builder.build(0, capture_metadata(32, MAX_NUM_SEQS))  # falls back: not strict
+    assert not hasattr(metadata, "chunkmeta_mixed") and not record.fully_staged()
+    _run_piecewise(runner, 32, {})  # the layer without a bucket: vLLM's _forward, a break
+    (entry,) = runner.entries.values()
+    assert entry.chunkmeta_shape is None and entry.capture.num_eager_breaks == 2 and not calls
+    assert (32, 16) in record.refused
+    # its steps take vLLM's breaking graph, unstaged: chunkmeta's eager tables
+    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current is None
+    step = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    assert not hasattr(step, "chunkmeta_mixed") and step.chunk_indices is not None

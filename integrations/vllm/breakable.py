@@ -1,0 +1,100 @@
+"""Kimi-Linear's KDA inside vLLM's breakable CUDA graphs (Model Runner V2), where its MLA layers
+keep every mixed step off FULL graphs on Hopper (docs/notes/issue48-breakable.md).
+
+vLLM 0.33.0 runs Kimi-Linear with breakable piecewise graphs (config/vllm.py:76-98): one graph
+per capture size ``N``, keyed by ``N`` alone, whose segments are replayed in order with every
+``eager_break_during_capture`` function run eagerly between them, each KDA and each MLA layer
+among them. With ``CHUNKMETA_VLLM_FULL_GRAPH=1`` each such graph gets a bucket ``(N, R)``, ``R =
+min(N, max_num_seqs)`` (the request rows of its capture): its capture stages the bucket, the KDA
+layers then run chunkmeta's graph-safe forward inline, and the graph holds them (the MLA layers
+stay breaks). Which graph holds them is fixed when it is captured (``gate``).
+
+Fail closed, in three places:
+
+* dispatch (``graph_dispatch.mrv2_dispatch``): a step that cannot be staged never gets the graph;
+  it runs eagerly;
+* capture (``gate``): a graph whose capture was not staged by every chunkmeta builder keeps
+  vLLM's breaks, and its steps are never staged (``MixedDispatch.refused``);
+* replay (``gate``): a graph holding chunkmeta's KDA replays only the step every builder staged
+  for it (``MixedDispatch.fully_staged``); any other runs the model eagerly, counted, one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from chunkmeta.integrations.vllm.full_graph import KIMI_ARCHITECTURES
+from chunkmeta.integrations.vllm.graph_dispatch import fast_prefill_refusal, make_buckets
+
+UNSTAGED = "a breakable graph holding chunkmeta's KDA met a step not staged by every builder: the model ran eagerly"
+
+
+def breakable_refusal(vllm_config, manager, builders) -> str | None:
+    """Why an MRV2 manager's breakable graphs get no bucket, or None."""
+    if not getattr(manager, "use_breakable_cg", False):
+        return "no breakable CUDA graphs"
+    architectures = set(getattr(vllm_config.model_config, "architectures", None) or ())
+    if not architectures & KIMI_ARCHITECTURES:
+        return f"architectures {sorted(architectures)}: no KDA layer that runs inside a breakable graph"
+    parallel = vllm_config.parallel_config
+    if parallel.data_parallel_size > 1 or manager.ubatch_runner is not None:
+        return "data parallelism or micro-batching"
+    if list(manager.lora_capture_cases) != [0]:
+        return "LoRA (its graphs share one key per size)"
+    why = fast_prefill_refusal(vllm_config)
+    if why is not None:
+        return why
+    if not builders or not all(b._mixed_active() and b._chunkmeta_family == "gdn" for b in builders):
+        return "a chunkmeta builder that serves no mixed KDA step"
+    return None
+
+
+def add_breakable_buckets(manager, builders, record) -> set[tuple[int, int]]:
+    """A bucket ``(N, min(N, max_num_seqs))`` in every builder for each of the manager's
+    piecewise capture sizes, made now (before capture); a size whose bucket cannot be made keeps
+    vLLM's breaks, its cause to ``record``. Returns the shapes, also in ``record.breakable``."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    sizes = {d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, ())}
+    shapes = {(n, min(n, manager.max_num_reqs)) for n in sizes}
+    record.breakable = make_buckets(builders, shapes, record._turn_away)
+    return record.breakable
+
+
+def gate(manager, record) -> None:
+    """Wrap ``manager.init_breakable_cg_runner`` (this instance) so that the runner it makes is
+    gated: ``_capture`` notes whether the graph holds chunkmeta's KDA (every builder staged the
+    capture) or refuses its shape, ``_replay`` replays such a graph only for a step every builder
+    staged for it, else runs the runner's model eagerly."""
+    original = manager.init_breakable_cg_runner
+
+    @functools.wraps(original)
+    def init_breakable_cg_runner(model, key_fn=None):
+        original(model, key_fn)
+        runner = manager.breakable_cg_runner
+        if runner is not None and not getattr(runner, "_chunkmeta_gated", False):
+            _gate_runner(runner, record)
+
+    manager.init_breakable_cg_runner = init_breakable_cg_runner
+
+
+def _gate_runner(runner, record) -> None:
+    capture, replay = runner._capture, runner._replay
+
+    def _capture(entry, args, kwargs):
+        shape = record.current
+        held = shape is not None and shape[0] == entry.batch_descriptor.num_tokens and record.fully_staged()
+        entry.chunkmeta_shape = shape if held else None
+        if shape is not None and not held:
+            record.refuse(shape)  # its graph keeps vLLM's breaks: no step is staged for it
+        return capture(entry, args, kwargs)
+
+    def _replay(entry, args, kwargs):
+        shape = getattr(entry, "chunkmeta_shape", None)
+        if shape is not None and not (record.current == shape and record.fully_staged()):
+            record._turn_away(UNSTAGED)
+            return runner.runnable(*args, **kwargs)
+        return replay(entry, args, kwargs)
+
+    runner._capture, runner._replay = _capture, _replay
+    runner._chunkmeta_gated = True

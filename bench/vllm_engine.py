@@ -480,6 +480,8 @@ def engine_args(capture_sizes: tuple[int, ...] = ()) -> dict:
 def child(args) -> int:
     emit("start", model=args.model, method=args.method, pid=os.getpid())
     deadline = args.deadline or float("inf")
+    # before the engine: what its start-up compiles (chunkmeta's fill kernels among them), by kernel
+    watch = KernelWatch()
     if args.engine == "fake":
         import vllm_engine_fake as fake  # tests/support: the CPU smoke test's stand-in engine
 
@@ -497,7 +499,7 @@ def child(args) -> int:
         llm = LLM(
             model=str(MODELS_DIR / args.model), **engine_args(args.capture_sizes), **MODEL_ARGS.get(args.model, {})
         )
-        emit("engine_ready", startup_s=round(time.perf_counter() - t0, 1))
+        emit("engine_ready", startup_s=round(time.perf_counter() - t0, 1), startup_kernels=watch.take())
         make_params = _sampling
         emit("weights", **llm.collective_rpc(lambda w: reinit_weights(_worker_of(w).model_runner.model))[0])
     engine = llm.llm_engine
@@ -512,7 +514,7 @@ def child(args) -> int:
     counter = llm.collective_rpc(lambda w: SyncCounter(engine, w))[0] if args.engine != "fake" else None
     counted = counter if counter is not None else engine
     batch = [(n, 24) for n in CORRECTNESS_PROMPTS]
-    compared, watch, tuned = [], KernelWatch(), []
+    compared, tuned = [], []
     for part, concurrency in ((batch, len(batch)), (CORRECTNESS_STAGGERED, 4)):
         serve(engine, correctness_requests(part, vocab, shift=1), concurrency, make_params)
         mixed = _mixed_steps(llm)  # the staggered part's compared pass's, in the end
@@ -906,7 +908,9 @@ def print_table(figures: dict) -> None:
         for method, status in methods.items():
             flag = status.get("error") or status.get("reason") or status.get("not_applicable") or ""
             print(
-                f"{model:12s} {method:17s} start {status.get('startup_s', '-')} s  builders {status.get('builders')} "
+                f"{model:12s} {method:17s} start {status.get('startup_s', '-')} s "
+                f"({(status.get('startup_kernels') or {}).get('compiles', '-')} Triton compiles) "
+                f"builders {status.get('builders')} "
                 f"chunkmeta {status.get('chunkmeta')} syncs {status.get('syncs')} graphs {status.get('graphs')} "
                 f"captures {status.get('graph_capture_totals')} {flag}"
             )

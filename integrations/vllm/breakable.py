@@ -13,10 +13,14 @@ Fail closed, in three places:
 
 * dispatch (``graph_dispatch.mrv2_dispatch``): a step that cannot be staged never gets the graph;
   it runs eagerly;
-* capture (``gate``): a graph whose capture was not staged by every chunkmeta builder keeps
-  vLLM's breaks, and its steps are never staged (``MixedDispatch.refused``);
-* replay (``gate``): a graph holding chunkmeta's KDA replays only the step every builder staged
-  for it (``MixedDispatch.fully_staged``); any other runs the model eagerly, counted, one warning.
+* capture (``gate``): a graph whose capture not every chunkmeta builder staged may hold some
+  KDA layers (those whose builder staged) and break at others: its shape is refused, so no step
+  is staged for it, and it is never replayed (below);
+* replay (``gate``): a graph captured with chunkmeta's buckets replays only a step every
+  builder (and every KV-cache group's view) staged for it (``MixedDispatch.fully_staged``); any
+  other step runs the model eagerly, counted, one warning: each layer then takes the graph-safe
+  path where its metadata carries a staged bucket and vLLM's path, on chunkmeta's eager tables,
+  where not.
 """
 
 from __future__ import annotations
@@ -82,11 +86,12 @@ def _gate_runner(runner, record) -> None:
     capture, replay = runner._capture, runner._replay
 
     def _capture(entry, args, kwargs):
+        # a layer whose builder staged the capture runs inside the graph even where another did
+        # not: such a graph is gated whatever happens, and replayed only for a fully staged step
         shape = record.current
-        held = shape is not None and shape[0] == entry.batch_descriptor.num_tokens and record.fully_staged()
-        entry.chunkmeta_shape = shape if held else None
-        if shape is not None and not held:
-            record.refuse(shape)  # its graph keeps vLLM's breaks: no step is staged for it
+        entry.chunkmeta_shape = shape
+        if shape is not None and not (shape[0] == entry.batch_descriptor.num_tokens and record.fully_staged()):
+            record.refuse(shape)  # no step is staged for it: every one runs eagerly
         return capture(entry, args, kwargs)
 
     def _replay(entry, args, kwargs):

@@ -265,7 +265,10 @@ class FullGraphBuilderMixin:
         if record is None:
             return None if self._vllm_decode_routine(m) else self.chunkmeta_buckets.get(shape)
         if record.current in record.breakable:
-            shape = record.current  # a breakable graph's metadata is the unpadded step's
+            # a breakable graph's metadata is the unpadded step's, which its graph holds
+            if m.num_actual_tokens > record.current[0] or m.num_reqs > record.current[1]:
+                return None
+            shape = record.current
         elif record.current != shape:  # another graph, none, or an eager batch the dispatch never saw
             return None
         bucket = self.chunkmeta_buckets.get(shape)
@@ -293,6 +296,7 @@ class FullGraphBuilderMixin:
             return metadata
         self.chunkmeta_mixed_steps += 1
         metadata.chunkmeta_mixed = bucket
+        metadata.chunkmeta_eager = (self, request)  # the eager tables, if a group's view fails
         if self._chunkmeta_dispatch is not None:
             self._chunkmeta_dispatch.mark(self)
         return metadata
@@ -313,7 +317,12 @@ class FullGraphBuilderMixin:
             except Exception as exc:
                 if self._strict():
                     raise
-                self._mixed_fall_back(exc)  # unmarked: the gated replay runs this step eagerly
+                # unmarked: the gated replay runs this step eagerly, this group's layers on
+                # vLLM's path, which needs the tables the staged build left out
+                self._mixed_fall_back(exc)
+                owner, request = metadata.chunkmeta_eager
+                if request.asked:
+                    owner._chunkmeta_serve_or_fall_back(out, request)
                 return out
             out.chunkmeta_mixed = view
             if self._chunkmeta_dispatch is not None:

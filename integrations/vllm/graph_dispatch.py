@@ -431,7 +431,9 @@ def record_steps(runner, record: MixedDispatch) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            current.step = None
+            # the step's decision ends with it: a build outside a step stages nothing
+            current.step, current.current = None, None
+            current.stage_id += 1
 
     runner.execute_model = execute_model
     runner._chunkmeta_steps_recorded = True

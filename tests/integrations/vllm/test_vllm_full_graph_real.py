@@ -908,6 +908,9 @@ def test_breakable_graphs_get_a_bucket_per_size_and_the_steps_dispatched_to_them
     assert staged.chunkmeta_mixed is bucket and record.fully_staged()
     assert bucket.cu_seqlens.tolist() == [0, 1, 8, 20] + [20] * 13
     assert bucket.has_initial_state.tolist() == [True] + [False] * 15
+    # a build the graph cannot hold (no such build follows a dispatch today): not staged
+    over = builder.build(0, vllm_real_batches.common_metadata([1, 7, 32], [40, 0, 0], DEVICE))
+    assert not hasattr(over, "chunkmeta_mixed")
     # decodes keep vLLM's FULL decode graph; over every capture size, eager: nothing staged
     assert _mrv2_dispatch(manager, 5, 5, decode=True, prefill=False) == (CUDAGraphMode.FULL, 8, 8)
     assert record.current is None and not record.fully_staged()
@@ -962,28 +965,39 @@ def test_the_start_up_picks_breakable_graphs_where_mla_keeps_mixed_steps_off_ful
     record = manager._chunkmeta_record
     assert not record.added and record.breakable == set(builder.chunkmeta_buckets) and len(record.breakable) == 8
     assert builder._chunkmeta_dispatch is record and manager._chunkmeta_timed is False
+    # a step's decision ends with its execute_model: a build after it stages nothing
+    record.current = (32, 16)
+    runner.execute_model(None)
+    assert record.current is None
 
 
-def _gated(config, full_cls, make_manager, breakable_capture, monkeypatch):
-    """An MRV2 manager with breakable buckets and its gated runner around ``_kimi_model``."""
+def _gated(config, full_cls, make_manager, breakable_capture, monkeypatch, builders=1):
+    """An MRV2 manager with breakable buckets in ``builders`` chunkmeta builders (each its own
+    KV-cache group, as on CPU, where vLLM's GDN builder reuses no metadata) and its gated runner
+    around ``_kimi_model`` with one KDA layer per builder."""
     from chunkmeta.integrations.vllm import breakable
 
     manager = make_manager(config)
-    builder = full_cls(SPEC, LAYERS, config, DEVICE)
-    record = _breakable_wired(config, manager, [builder])
+    made = [full_cls(SPEC, LAYERS, config, DEVICE) for _ in range(builders)]
+    record = _breakable_wired(config, manager, made)
     breakable.gate(manager, record)
-    model, layer, calls, counts = _kimi_model(monkeypatch, breakable_capture)
+    model, layers, calls, counts = _kimi_model(monkeypatch, breakable_capture, builders)
     manager.init_breakable_cg_runner(model)
-    return manager, builder, record, manager.breakable_cg_runner, layer, calls, counts
+    return manager, made, record, manager.breakable_cg_runner, layers, calls, counts
 
 
-def _kimi_model(monkeypatch, breakable_capture):
-    """A stand-in model for the breakable runner: one Kimi-Linear KDA layer (chunkmeta's patched
-    ``_forward``, its graph-safe forward recorded) and one MLA-like break, each call counted."""
+def _kimi_model(monkeypatch, breakable_capture, num_layers=1):
+    """A stand-in model for the breakable runner: Kimi-Linear KDA layers (chunkmeta's patched
+    ``_forward``, its graph-safe forward recorded) and one MLA-like break, each call counted; its
+    tokens the forward context's (the graph's size)."""
+    from vllm.forward_context import get_forward_context
+
     module = importlib.import_module(full_graph.KIMI_LAYER_MODULE)
     forward = getattr(module, full_graph.KIMI_LAYER).__dict__["_forward"]
     calls = _record(monkeypatch, "kda_mixed_forward", (2, 8))
-    layer, tokens = _stand_in_layer(32), 32
+    layers = [_stand_in_layer(32) for _ in range(num_layers)]
+    for i, layer in enumerate(layers):
+        layer.prefix = f"model.layers.{i}.linear_attn"
     counts = {"model": 0, "mla": 0}
 
     @breakable_capture.eager_break_during_capture
@@ -992,13 +1006,15 @@ def _kimi_model(monkeypatch, breakable_capture):
 
     def model():
         counts["model"] += 1
+        tokens = get_forward_context().batch_descriptor.num_tokens
         out = torch.zeros(1, tokens, 2, 8)
-        forward(layer, mixed_qkv=torch.randn(tokens, 48), g1=torch.randn(1, tokens, 2, 8), g2=torch.randn(tokens, 2, 8),
-                beta=torch.randn(1, tokens, 2), core_attn_out=out)  # fmt: skip
+        for layer in layers:
+            forward(layer, mixed_qkv=torch.randn(tokens, 48), g1=torch.randn(1, tokens, 2, 8),
+                    g2=torch.randn(tokens, 2, 8), beta=torch.randn(1, tokens, 2), core_attn_out=out)  # fmt: skip
         mla(out)
         return out
 
-    return model, layer, calls, counts
+    return model, layers, calls, counts
 
 
 def _run_piecewise(runner, num_tokens, attn_metadata):
@@ -1019,7 +1035,7 @@ def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
 ):
     from chunkmeta.integrations.vllm import breakable
 
-    manager, builder, record, runner, layer, calls, counts = _gated(
+    manager, (builder,), record, runner, (layer,), calls, counts = _gated(
         kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
     )
     desc = next(d for d in manager._capture_descs[CUDAGraphMode.PIECEWISE] if d.num_tokens == 32)
@@ -1039,38 +1055,97 @@ def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
     models, replays = counts["model"], FakeGraph.replays
     _run_piecewise(runner, 32, {layer.prefix: step})
     assert counts["model"] == models and FakeGraph.replays == replays + 2 and counts["mla"] == 2
-    # a step dispatched to the graph but not staged (its build did not run, or failed): the
-    # model runs eagerly, counted, one warning; the staged path is not replayed
-    _mrv2_dispatch(manager, 3, 20)
+    # a step dispatched to the graph but not staged (its build did not run, or failed: no
+    # bucket on its metadata, here none at all): the model runs eagerly, vLLM's KDA path,
+    # counted, one warning; nothing replayed
     with caplog.at_level(logging.WARNING, logger="vllm"):
-        _run_piecewise(runner, 32, {layer.prefix: step})
-        _mrv2_dispatch(manager, 3, 20)
-        _run_piecewise(runner, 32, {layer.prefix: step})
-    assert counts["model"] == models + 2 and FakeGraph.replays == replays + 2
+        for _ in range(2):
+            _mrv2_dispatch(manager, 3, 20)
+            _run_piecewise(runner, 32, {})
+    assert counts["model"] == models + 2 and FakeGraph.replays == replays + 2 and len(calls) == 1
     assert record.turned_away[breakable.UNSTAGED] == 2
     assert sum(breakable.UNSTAGED in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_breakable_capture_not_staged_keeps_vllms_breaks_and_stages_none_of_its_steps(
+def test_a_step_or_capture_one_builder_did_not_stage_never_replays_a_breakable_graph(
     kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
 ):
-
-    manager, builder, record, runner, layer, calls, counts = _gated(
-        kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
+    """Two builders (two KV-cache groups of KDA layers). A step only the first staged runs
+    eagerly: its layers on their bucket over the graph's tokens, the other's on vLLM's path. A
+    capture only the first staged holds that layer's KDA and breaks at the other's: the graph is
+    refused and never replayed, each of its steps unstaged and eager."""
+    manager, (first, second), record, runner, layers, calls, counts = _gated(
+        kimi_config, full_cls, make_manager, breakable_capture, monkeypatch, builders=2
     )
+    stage, fails = type(second)._stage, set()  # the buckets the second builder cannot stage
 
-    def refuse(*args, **kwargs):
-        raise ChunkMetaError("no stage for the test")
+    def stage_first_only(self, bucket, *args, **kwargs):
+        if self is second and (bucket.num_tokens, bucket.num_reqs) in fails:
+            raise ChunkMetaError("no stage for the test")
+        return stage(self, bucket, *args, **kwargs)
 
-    monkeypatch.setattr(type(builder), "_stage", refuse)
+    monkeypatch.setattr(type(second), "_stage", stage_first_only)
     record.prepare_capture((32, 16))
-    metadata = builder.build(0, capture_metadata(32, MAX_NUM_SEQS))  # falls back: not strict
-    assert not hasattr(metadata, "chunkmeta_mixed") and not record.fully_staged()
-    _run_piecewise(runner, 32, {})  # the layer without a bucket: vLLM's _forward, a break
-    (entry,) = runner.entries.values()
-    assert entry.chunkmeta_shape is None and entry.capture.num_eager_breaks == 2 and not calls
-    assert (32, 16) in record.refused
-    # its steps take vLLM's breaking graph, unstaged: chunkmeta's eager tables
-    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current is None
-    step = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    staged = {b: b.build(0, capture_metadata(32, MAX_NUM_SEQS)) for b in (first, second)}
+    assert record.fully_staged()
+    _run_piecewise(runner, 32, {layer.prefix: staged[b] for layer, b in zip(layers, (first, second), strict=True)})
+    assert runner.entries[next(iter(runner.entries))].capture.num_eager_breaks == 1 and len(calls) == 2
+    # a 20-token step at 32 the second builder fails to stage
+    fails.add((32, 16))
+    _mrv2_dispatch(manager, 3, 20)
+    step = first.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    eager = second.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
+    assert step.chunkmeta_mixed is first.chunkmeta_buckets[32, 16] and not hasattr(eager, "chunkmeta_mixed")
+    assert eager.chunk_indices is not None and not record.fully_staged()  # chunkmeta's eager tables
+    models, replays = counts["model"], FakeGraph.replays
+    _run_piecewise(runner, 32, {layers[0].prefix: step})  # (the second layer's vLLM path: no metadata here)
+    assert counts["model"] == models + 1 and FakeGraph.replays == replays
+    assert calls[-1][0] is first.chunkmeta_buckets[32, 16] and calls[-1][1]["mixed_qkv"].shape[0] == 32
+    # a capture of 64 tokens only the first builder staged
+    fails.add((64, 16))
+    record.prepare_capture((64, 16))
+    staged = {b: b.build(0, capture_metadata(64, MAX_NUM_SEQS)) for b in (first, second)}
+    assert hasattr(staged[first], "chunkmeta_mixed") and not hasattr(staged[second], "chunkmeta_mixed")
+    _run_piecewise(runner, 64, {layers[0].prefix: staged[first]})
+    entry = [e for e in runner.entries.values() if e.batch_descriptor.num_tokens == 64][0]
+    assert entry.chunkmeta_shape == (64, 16) and (64, 16) in record.refused
+    assert entry.capture.num_eager_breaks == 2  # the second KDA layer's and the MLA one
+    # its steps: vLLM's graph dispatched, nothing staged, every one eager
+    assert _mrv2_dispatch(manager, 3, 40) == (CUDAGraphMode.PIECEWISE, 64, None) and record.current is None
+    step = first.build(0, vllm_real_batches.common_metadata([1, 7, 32], [40, 0, 0], DEVICE))
     assert not hasattr(step, "chunkmeta_mixed") and step.chunk_indices is not None
+    models, replays, made = counts["model"], FakeGraph.replays, len(calls)
+    _run_piecewise(runner, 64, {})
+    assert counts["model"] == models + 1 and FakeGraph.replays == replays and len(calls) == made
+
+
+def test_a_group_view_that_fails_in_a_breakable_step_gets_vllms_tables(
+    kimi_config, full_cls, make_manager, monkeypatch, caplog
+):
+    """MRV2 hands group 1's staged metadata to the other KV-cache groups (``update_block_table``);
+    where a group's view cannot be staged, the step is not fully staged (the gated replay runs it
+    eagerly) and that group's metadata gets the tables vLLM's path reads, which the staged build
+    left out."""
+    manager = make_manager(kimi_config)
+    first, second = (full_cls(SPEC, LAYERS, kimi_config, DEVICE) for _ in range(2))
+    record = _breakable_wired(kimi_config, manager, [first, second])
+    _mrv2_dispatch(manager, 3, 20)
+    m = vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE)
+    staged = first.build(0, m)
+    assert staged.chunkmeta_mixed is first.chunkmeta_buckets[32, 16] and staged.batch_ptr is None
+    second.mamba_aligned_state_indices = m.block_table_tensor  # align mode (prefix caching): set per step
+    out = second.update_block_table(staged, m.block_table_tensor, m.slot_mapping)
+    assert out.chunkmeta_mixed.bucket is staged.chunkmeta_mixed and record.fully_staged()
+
+    def refuse(self, view, metadata):
+        raise ChunkMetaError("no view for the test")
+
+    monkeypatch.setattr(type(second), "_stage_view", refuse)
+    _mrv2_dispatch(manager, 3, 20)
+    staged = first.build(0, m)
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        out = second.update_block_table(staged, m.block_table_tensor, m.slot_mapping)
+    assert not hasattr(out, "chunkmeta_mixed") and not record.fully_staged()
+    want = reference.causal_conv1d_metadata([0, 1, 8, 20])
+    assert out.batch_ptr[: want.tot].tolist() == want.batch_ptr and out.nums_dict[8]["tot"] == want.tot
+    assert any("no view for the test" in r.getMessage() for r in caplog.records)

@@ -4,8 +4,9 @@ keep every mixed step off FULL graphs on Hopper (docs/notes/issue48-breakable.md
 vLLM 0.33.0 runs Kimi-Linear with breakable piecewise graphs (config/vllm.py:76-98): one graph
 per capture size ``N``, keyed by ``N`` alone, whose segments are replayed in order with every
 ``eager_break_during_capture`` function run eagerly between them, each KDA and each MLA layer
-among them. With ``CHUNKMETA_VLLM_FULL_GRAPH=1`` each such graph gets a bucket ``(N, R)``, ``R =
-min(N, max_num_seqs)`` (the request rows of its capture): its capture stages the bucket, the KDA
+among them. With ``CHUNKMETA_VLLM_FULL_GRAPH=1`` each size gets buckets ``(N, R)`` for ``R`` in
+``request_buckets(N, max_num_seqs)`` (vLLM's capture has ``min(N, max_num_seqs)`` rows) and one
+graph per bucket, keyed by ``R`` beside vLLM's key: its capture stages the bucket, the KDA
 layers then run chunkmeta's graph-safe forward inline, and the graph holds them (the MLA layers
 stay breaks). Which graph holds them is fixed when it is captured (``gate``).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 
 from chunkmeta.integrations.vllm.full_graph import KIMI_ARCHITECTURES
-from chunkmeta.integrations.vllm.graph_dispatch import fast_prefill_refusal, make_buckets
+from chunkmeta.integrations.vllm.graph_dispatch import fast_prefill_refusal, make_buckets, request_buckets
 
 UNSTAGED = "a breakable graph holding chunkmeta's KDA met a step not staged by every builder: the model ran eagerly"
 
@@ -54,27 +55,49 @@ def breakable_refusal(vllm_config, manager, builders) -> str | None:
 
 
 def add_breakable_buckets(manager, builders, record) -> set[tuple[int, int]]:
-    """A bucket ``(N, min(N, max_num_seqs))`` in every builder for each of the manager's
-    piecewise capture sizes, made now (before capture); a size whose bucket cannot be made keeps
-    vLLM's breaks, its cause to ``record``. Returns the shapes, also in ``record.breakable``."""
+    """For each of the manager's piecewise capture sizes ``N``, a bucket ``(N, R)`` in every
+    builder for ``R`` in ``request_buckets(N, max_num_seqs)``, made now (before capture); a shape
+    whose bucket cannot be made is left out, its cause to ``record``. vLLM captures ``(N,
+    min(N, max_num_seqs))``; each smaller ``R`` gets a capture-only descriptor ``(PIECEWISE, N,
+    R)`` (not a dispatch candidate: dispatched, MRV2 would pad the step's rows to it,
+    model_runner.py:1462-1484) and its own graph under the runner's key (``gate``), so a step of
+    ``r`` requests carries at most about twice its rows. Returns the shapes, also in
+    ``record.breakable``."""
     from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
-    sizes = {d.num_tokens for d in manager._capture_descs.get(CUDAGraphMode.PIECEWISE, ())}
-    shapes = {(n, min(n, manager.max_num_reqs)) for n in sizes}
+    piecewise = manager._capture_descs.get(CUDAGraphMode.PIECEWISE, [])
+    sizes = {d.num_tokens for d in piecewise}
+    shapes = {(n, r) for n in sizes for r in request_buckets(n, manager.max_num_reqs)}
     record.breakable = make_buckets(builders, shapes, record._turn_away)
+    extra = [
+        BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, r)
+        for n, r in record.breakable
+        if r < min(n, manager.max_num_reqs)
+    ]
+    # captured largest first, as vLLM's, most requests first within a size
+    manager._capture_descs[CUDAGraphMode.PIECEWISE] = sorted(
+        [*piecewise, *extra], key=lambda d: (d.num_tokens, d.num_reqs or manager.max_num_reqs), reverse=True
+    )
     return record.breakable
 
 
 def gate(manager, record) -> None:
-    """Wrap ``manager.init_breakable_cg_runner`` (this instance) so that the runner it makes is
-    gated: ``_capture`` notes whether the graph holds chunkmeta's KDA (every builder staged the
-    capture) or refuses its shape, ``_replay`` replays such a graph only for a step every builder
-    staged for it, else runs the runner's model eagerly."""
+    """Wrap ``manager.init_breakable_cg_runner`` (this instance) so that the runner it makes keys
+    its graphs by the request rows of the bucket staged (``(N, R)``: one graph per bucket) and is
+    gated: ``_capture`` notes the graph's bucket and refuses it unless every builder staged the
+    capture, ``_replay`` replays such a graph only for a step every builder staged for it, else
+    runs the runner's model eagerly."""
     original = manager.init_breakable_cg_runner
+
+    def rows(*args, **kwargs):
+        # the request rows of the graph the step in flight (or the capture) is staged for
+        return record.current[1] if record.current is not None else None
 
     @functools.wraps(original)
     def init_breakable_cg_runner(model, key_fn=None):
-        original(model, key_fn)
+        ours = rows if key_fn is None else (lambda *a, **k: (key_fn(*a, **k), rows()))
+        original(model, ours)
         runner = manager.breakable_cg_runner
         if runner is not None and not getattr(runner, "_chunkmeta_gated", False):
             _gate_runner(runner, record)

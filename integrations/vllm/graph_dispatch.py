@@ -224,16 +224,26 @@ def mrv2_mixed_shape(desc) -> tuple[int, int] | None:
     return desc.num_tokens, desc.num_reqs
 
 
-def mrv2_breakable_shape(manager, desc, record: MixedDispatch) -> tuple[int, int] | None:
-    """``(num_tokens, num_reqs)`` of a breakable piecewise descriptor whose graph holds
-    chunkmeta's KDA (``record.breakable``, not refused): the request capacity of its capture,
-    ``min(N, max_num_seqs)`` (cudagraph_utils.py:676); None for any other."""
+def mrv2_breakable_shape(manager, desc, record: MixedDispatch, num_reqs: int | None = None) -> tuple[int, int] | None:
+    """The breakable graph with chunkmeta's KDA (``record.breakable``) a piecewise descriptor
+    stands for, ``(num_tokens, request rows)``, or None (no such graph of its size). A
+    capture-only descriptor names its rows (``breakable.add_breakable_buckets``); vLLM's own
+    (``num_reqs`` None: its capture's ``min(N, max_num_seqs)`` rows, cudagraph_utils.py:676)
+    stands, for a step of ``num_reqs`` requests, for the smallest graph of its size holding
+    them that is not refused, else for that size's largest (refused: the dispatch turns the
+    step away)."""
     from vllm.config.compilation import CUDAGraphMode
 
     if not getattr(manager, "use_breakable_cg", False) or desc.cg_mode != CUDAGraphMode.PIECEWISE:
         return None
-    shape = (desc.num_tokens, min(desc.num_tokens, manager.max_num_reqs))
-    return shape if shape in record.breakable and shape not in record.refused else None
+    n = desc.num_tokens
+    if desc.num_reqs is not None:
+        return (n, desc.num_reqs) if (n, desc.num_reqs) in record.breakable else None
+    rows = sorted(r for size, r in record.breakable if size == n)
+    if not rows:
+        return None
+    held = [r for r in rows if r >= (num_reqs or rows[-1]) and (n, r) not in record.refused]
+    return (n, held[0] if held else rows[-1])
 
 
 CAPTURE_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
@@ -374,14 +384,14 @@ def mrv2_dispatch(manager, record: MixedDispatch) -> None:
 
     original = manager.dispatch
 
-    def mixed_shape(desc):
-        return mrv2_mixed_shape(desc) or mrv2_breakable_shape(manager, desc, record)
+    def mixed_shape(desc, num_reqs=None):
+        return mrv2_mixed_shape(desc) or mrv2_breakable_shape(manager, desc, record, num_reqs)
 
     @functools.wraps(original)
     def dispatch(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None, num_ubatches=1):
         desc = original(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len, num_ubatches)
         uniform_decode = uniform_token_count is not None and uniform_token_count == manager.decode_query_len
-        if record.decide(mixed_shape(desc), uniform_decode=uniform_decode):
+        if record.decide(mixed_shape(desc, num_reqs), uniform_decode=uniform_decode):
             return desc
         loras = manager._resolve_effective_loras(num_active_loras)
         for other in manager._candidates.get((num_tokens, loras), ()):

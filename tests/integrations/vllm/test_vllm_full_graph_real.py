@@ -893,24 +893,44 @@ def _breakable_wired(config, manager, builders):
     return record
 
 
-def test_breakable_graphs_get_a_bucket_per_size_and_the_steps_dispatched_to_them(kimi_config, full_cls, make_manager):
+def test_breakable_graphs_get_a_bucket_per_request_bucket_and_the_steps_dispatched_to_them(
+    kimi_config, full_cls, make_manager
+):
     manager = make_manager(kimi_config)
     assert manager.use_breakable_cg
     builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
     record = _breakable_wired(kimi_config, manager, [builder])
-    shapes = {(n, min(n, MAX_NUM_SEQS)) for n in (1, 2, 4, 8, 16, 32, 64, 128)}
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+    shapes = {(n, r) for n in sizes for r in graph_dispatch.request_buckets(n, MAX_NUM_SEQS)}
     assert record.breakable == shapes == set(builder.chunkmeta_buckets) and not record.added
-    # a mixed batch: vLLM's piecewise graph of its size, recorded with the capture's request rows
-    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current == (32, 16)
+    assert (32, 8) in shapes and (32, 16) in shapes  # vLLM's capture has min(32, 16) rows
+    # the smaller request buckets are captured (largest first, most requests first in a size),
+    # never dispatched: vLLM's own descriptor stands for them
+    piecewise = manager._capture_descs[CUDAGraphMode.PIECEWISE]
+    assert [(d.num_tokens, d.num_reqs) for d in piecewise if d.num_reqs is not None] == [
+        (n, r) for n, r in sorted(shapes, reverse=True) if r < min(n, MAX_NUM_SEQS)
+    ]
+    assert [d.num_tokens for d in piecewise] == sorted((d.num_tokens for d in piecewise), reverse=True)
+    assert all(d.num_reqs is None for c in manager._candidates.values() for d in c if d.cg_mode.name == "PIECEWISE")
+    # a mixed batch: vLLM's piecewise graph of its size, recorded with the smallest request
+    # bucket holding its rows
+    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current == (32, 8)
+    assert _mrv2_dispatch(manager, 12, 20)[:2] == (CUDAGraphMode.PIECEWISE, 32) and record.current == (32, 16)
     # the step's metadata is unpadded (model_runner.py:1462): staged into the bucket, its rows padded
+    _mrv2_dispatch(manager, 3, 20)
     staged = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
-    bucket = builder.chunkmeta_buckets[32, 16]
+    bucket = builder.chunkmeta_buckets[32, 8]
     assert staged.chunkmeta_mixed is bucket and record.fully_staged()
-    assert bucket.cu_seqlens.tolist() == [0, 1, 8, 20] + [20] * 13
-    assert bucket.has_initial_state.tolist() == [True] + [False] * 15
+    assert bucket.cu_seqlens.tolist() == [0, 1, 8, 20] + [20] * 5
+    assert bucket.has_initial_state.tolist() == [True] + [False] * 7
     # a build the graph cannot hold (no such build follows a dispatch today): not staged
     over = builder.build(0, vllm_real_batches.common_metadata([1, 7, 32], [40, 0, 0], DEVICE))
     assert not hasattr(over, "chunkmeta_mixed")
+    # a refused graph: the next request bucket of the size; none left: eager
+    record.refuse((32, 8))
+    assert _mrv2_dispatch(manager, 3, 20)[:2] == (CUDAGraphMode.PIECEWISE, 32) and record.current == (32, 16)
+    record.refuse((32, 16))
+    assert _mrv2_dispatch(manager, 3, 20)[0] == CUDAGraphMode.NONE and record.current is None
     # decodes keep vLLM's FULL decode graph; over every capture size, eager: nothing staged
     assert _mrv2_dispatch(manager, 5, 5, decode=True, prefill=False) == (CUDAGraphMode.FULL, 8, 8)
     assert record.current is None and not record.fully_staged()
@@ -963,7 +983,7 @@ def test_the_start_up_picks_breakable_graphs_where_mla_keeps_mixed_steps_off_ful
     )
     graph_dispatch.mrv2_mixed_graphs(lambda self, *a, **k: "started")(runner)
     record = manager._chunkmeta_record
-    assert not record.added and record.breakable == set(builder.chunkmeta_buckets) and len(record.breakable) == 8
+    assert not record.added and record.breakable == set(builder.chunkmeta_buckets) and len(record.breakable) == 12
     assert builder._chunkmeta_dispatch is record and manager._chunkmeta_timed is False
     # a step's decision ends with its execute_model: a build after it stages nothing
     record.current = (32, 16)
@@ -975,12 +995,10 @@ def _gated(config, full_cls, make_manager, breakable_capture, monkeypatch, build
     """An MRV2 manager with breakable buckets in ``builders`` chunkmeta builders (each its own
     KV-cache group, as on CPU, where vLLM's GDN builder reuses no metadata) and its gated runner
     around ``_kimi_model`` with one KDA layer per builder."""
-    from chunkmeta.integrations.vllm import breakable
 
     manager = make_manager(config)
     made = [full_cls(SPEC, LAYERS, config, DEVICE) for _ in range(builders)]
-    record = _breakable_wired(config, manager, made)
-    breakable.gate(manager, record)
+    record = _breakable_wired(config, manager, made)  # the runner gated (breakable.gate)
     model, layers, calls, counts = _kimi_model(monkeypatch, breakable_capture, builders)
     manager.init_breakable_cg_runner(model)
     return manager, made, record, manager.breakable_cg_runner, layers, calls, counts
@@ -1038,23 +1056,26 @@ def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
     manager, (builder,), record, runner, (layer,), calls, counts = _gated(
         kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
     )
-    desc = next(d for d in manager._capture_descs[CUDAGraphMode.PIECEWISE] if d.num_tokens == 32)
-    # capture (cudagraph_utils.py:469-481): the descriptor's inputs built, then the runner called
-    record.prepare_capture(graph_dispatch.mrv2_breakable_shape(manager, desc, record))
-    metadata = builder.build(0, capture_metadata(32, MAX_NUM_SEQS))
-    bucket = builder.chunkmeta_buckets[32, 16]
-    assert metadata.chunkmeta_mixed is bucket
-    _run_piecewise(runner, 32, {layer.prefix: metadata})
-    (entry,) = runner.entries.values()
-    assert entry.chunkmeta_shape == (32, 16)
-    assert entry.capture.num_eager_breaks == 1 and counts["mla"] == 1  # the MLA layer only: the KDA is in the graph
-    assert len(calls) == 1 and calls[0][0] is bucket
-    # a staged step replays the graph: its segments and the MLA break, no model call
+    # capture (cudagraph_utils.py:469-481), per descriptor of 32 tokens (vLLM's, then the
+    # capture-only one of 8 rows): its inputs built, then the runner called
+    for desc in [d for d in manager._capture_descs[CUDAGraphMode.PIECEWISE] if d.num_tokens == 32]:
+        record.prepare_capture(graph_dispatch.mrv2_breakable_shape(manager, desc, record))
+        rows = record.current[1]
+        metadata = builder.build(0, capture_metadata(32, rows))
+        assert metadata.chunkmeta_mixed is builder.chunkmeta_buckets[32, rows]
+        _run_piecewise(runner, 32, {layer.prefix: metadata})
+    # one graph per bucket, keyed by its rows; each holds the KDA: the MLA break is its only one
+    entries = {key[1]: entry for key, entry in runner.entries.items()}
+    assert sorted(entries) == [8, 16] and [entries[r].chunkmeta_shape for r in (8, 16)] == [(32, 8), (32, 16)]
+    assert all(e.capture.num_eager_breaks == 1 for e in entries.values()) and counts["mla"] == 2
+    assert [c[0] for c in calls] == [builder.chunkmeta_buckets[32, r] for r in (16, 8)]
+    # a staged step of 3 requests replays the 8-row graph: its segments and the MLA break, no model call
     _mrv2_dispatch(manager, 3, 20)
     step = builder.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
     models, replays = counts["model"], FakeGraph.replays
     _run_piecewise(runner, 32, {layer.prefix: step})
-    assert counts["model"] == models and FakeGraph.replays == replays + 2 and counts["mla"] == 2
+    assert counts["model"] == models and FakeGraph.replays == replays + 2 and counts["mla"] == 3
+    assert len(runner.entries) == 2  # no capture while serving
     # a step dispatched to the graph but not staged (its build did not run, or failed: no
     # bucket on its metadata, here none at all): the model runs eagerly, vLLM's KDA path,
     # counted, one warning; nothing replayed
@@ -1062,7 +1083,7 @@ def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
         for _ in range(2):
             _mrv2_dispatch(manager, 3, 20)
             _run_piecewise(runner, 32, {})
-    assert counts["model"] == models + 2 and FakeGraph.replays == replays + 2 and len(calls) == 1
+    assert counts["model"] == models + 2 and FakeGraph.replays == replays + 2 and len(calls) == 2
     assert record.turned_away[breakable.UNSTAGED] == 2
     assert sum(breakable.UNSTAGED in r.getMessage() for r in caplog.records) == 1
 
@@ -1073,7 +1094,7 @@ def test_a_step_or_capture_one_builder_did_not_stage_never_replays_a_breakable_g
     """Two builders (two KV-cache groups of KDA layers). A step only the first staged runs
     eagerly: its layers on their bucket over the graph's tokens, the other's on vLLM's path. A
     capture only the first staged holds that layer's KDA and breaks at the other's: the graph is
-    refused and never replayed, each of its steps unstaged and eager."""
+    refused and never replayed; with every graph of its size refused, its steps run eagerly."""
     manager, (first, second), record, runner, layers, calls, counts = _gated(
         kimi_config, full_cls, make_manager, breakable_capture, monkeypatch, builders=2
     )
@@ -1085,38 +1106,36 @@ def test_a_step_or_capture_one_builder_did_not_stage_never_replays_a_breakable_g
         return stage(self, bucket, *args, **kwargs)
 
     monkeypatch.setattr(type(second), "_stage", stage_first_only)
-    record.prepare_capture((32, 16))
-    staged = {b: b.build(0, capture_metadata(32, MAX_NUM_SEQS)) for b in (first, second)}
+    record.prepare_capture((32, 8))
+    staged = {b: b.build(0, capture_metadata(32, 8)) for b in (first, second)}
     assert record.fully_staged()
     _run_piecewise(runner, 32, {layer.prefix: staged[b] for layer, b in zip(layers, (first, second), strict=True)})
     assert runner.entries[next(iter(runner.entries))].capture.num_eager_breaks == 1 and len(calls) == 2
     # a 20-token step at 32 the second builder fails to stage
-    fails.add((32, 16))
+    fails.add((32, 8))
     _mrv2_dispatch(manager, 3, 20)
     step = first.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
     eager = second.build(0, vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE))
-    assert step.chunkmeta_mixed is first.chunkmeta_buckets[32, 16] and not hasattr(eager, "chunkmeta_mixed")
+    assert step.chunkmeta_mixed is first.chunkmeta_buckets[32, 8] and not hasattr(eager, "chunkmeta_mixed")
     assert eager.chunk_indices is not None and not record.fully_staged()  # chunkmeta's eager tables
     models, replays = counts["model"], FakeGraph.replays
     _run_piecewise(runner, 32, {layers[0].prefix: step})  # (the second layer's vLLM path: no metadata here)
     assert counts["model"] == models + 1 and FakeGraph.replays == replays
-    assert calls[-1][0] is first.chunkmeta_buckets[32, 16] and calls[-1][1]["mixed_qkv"].shape[0] == 32
-    # a capture of 64 tokens only the first builder staged
-    fails.add((64, 16))
-    record.prepare_capture((64, 16))
-    staged = {b: b.build(0, capture_metadata(64, MAX_NUM_SEQS)) for b in (first, second)}
-    assert hasattr(staged[first], "chunkmeta_mixed") and not hasattr(staged[second], "chunkmeta_mixed")
-    _run_piecewise(runner, 64, {layers[0].prefix: staged[first]})
-    entry = [e for e in runner.entries.values() if e.batch_descriptor.num_tokens == 64][0]
-    assert entry.chunkmeta_shape == (64, 16) and (64, 16) in record.refused
-    assert entry.capture.num_eager_breaks == 2  # the second KDA layer's and the MLA one
-    # its steps: vLLM's graph dispatched, nothing staged, every one eager
-    assert _mrv2_dispatch(manager, 3, 40) == (CUDAGraphMode.PIECEWISE, 64, None) and record.current is None
+    assert calls[-1][0] is first.chunkmeta_buckets[32, 8] and calls[-1][1]["mixed_qkv"].shape[0] == 32
+    # the captures of 64 tokens, both request buckets, only the first builder staged
+    fails.update({(64, 8), (64, 16)})
+    for rows in (16, 8):
+        record.prepare_capture((64, rows))
+        staged = {b: b.build(0, capture_metadata(64, rows)) for b in (first, second)}
+        assert hasattr(staged[first], "chunkmeta_mixed") and not hasattr(staged[second], "chunkmeta_mixed")
+        _run_piecewise(runner, 64, {layers[0].prefix: staged[first]})
+    held = [e for e in runner.entries.values() if e.batch_descriptor.num_tokens == 64]
+    assert sorted(e.chunkmeta_shape for e in held) == [(64, 8), (64, 16)] and {(64, 8), (64, 16)} <= record.refused
+    assert all(e.capture.num_eager_breaks == 2 for e in held)  # the second KDA layer's and the MLA one
+    # its steps: turned away at dispatch, nothing staged, eager (the runner never called)
+    assert _mrv2_dispatch(manager, 3, 40)[0] == CUDAGraphMode.NONE and record.current is None
     step = first.build(0, vllm_real_batches.common_metadata([1, 7, 32], [40, 0, 0], DEVICE))
     assert not hasattr(step, "chunkmeta_mixed") and step.chunk_indices is not None
-    models, replays, made = counts["model"], FakeGraph.replays, len(calls)
-    _run_piecewise(runner, 64, {})
-    assert counts["model"] == models + 1 and FakeGraph.replays == replays and len(calls) == made
 
 
 def test_a_group_view_that_fails_in_a_breakable_step_gets_vllms_tables(
@@ -1132,7 +1151,7 @@ def test_a_group_view_that_fails_in_a_breakable_step_gets_vllms_tables(
     _mrv2_dispatch(manager, 3, 20)
     m = vllm_real_batches.common_metadata([1, 7, 12], [40, 0, 0], DEVICE)
     staged = first.build(0, m)
-    assert staged.chunkmeta_mixed is first.chunkmeta_buckets[32, 16] and staged.batch_ptr is None
+    assert staged.chunkmeta_mixed is first.chunkmeta_buckets[32, 8] and staged.batch_ptr is None
     second.mamba_aligned_state_indices = m.block_table_tensor  # align mode (prefix caching): set per step
     out = second.update_block_table(staged, m.block_table_tensor, m.slot_mapping)
     assert out.chunkmeta_mixed.bucket is staged.chunkmeta_mixed and record.fully_staged()

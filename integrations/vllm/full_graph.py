@@ -129,9 +129,14 @@ def graph_unsafe(vllm_config, family: str = "gdn") -> str | None:
     if architectures & KIMI_ARCHITECTURES:
         return None
     if architectures & QWEN_ARCHITECTURES:
-        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import _resolve_gdn_prefill_backend
+        from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as qwen
 
-        backend = _resolve_gdn_prefill_backend(vllm_config)[1]
+        if getattr(qwen, "GDN_AITER_TRITON_AVAILABLE", False):
+            # ROCm with AITER: forward_hip goes to _forward_core_rocm, which serves a batch of
+            # no prefill on its own decode kernel before the patched _forward_core is reached
+            # (qwen_gdn_linear_attn.py:1104, 1529-1541): a capture would freeze that path
+            return "ROCm's AITER GDN path (its layer never reaches the graph-safe forward)"
+        backend = qwen._resolve_gdn_prefill_backend(vllm_config)[1]
         if backend != FLA_TRITON:
             return (
                 f"GDN prefill backend {backend!r}: only FLA-triton's is graph-safe here "
@@ -219,6 +224,9 @@ class FullGraphBuilderMixin:
         if not self._mixed_active() or self._vllm_decode_routine(m):
             return super().build_for_cudagraph_capture(m)
         shape = (m.num_actual_tokens, m.num_reqs)
+        if record is not None and shape in record.refused:
+            # its warm-up could not stage: its capture takes the same path (no bucket made again)
+            return super().build(0, m)
         try:
             bucket = self.chunkmeta_bucket(*shape)
             return self._staged_build(bucket, self._capture_args(m), {}, strict=True, stage=self._stage_capture)
@@ -269,8 +277,16 @@ class FullGraphBuilderMixin:
             if m.num_actual_tokens > record.current[0] or m.num_reqs > record.current[1]:
                 return None
             shape = record.current
-        elif record.current != shape:  # another graph, none, or an eager batch the dispatch never saw
-            return None
+        elif record.current != shape:
+            if record.current is not None and record.in_step:
+                # Model Runner V2 dispatched a FULL mixed graph, which replays whatever its bucket
+                # holds: a build of another shape cannot be served eagerly (its build matches its
+                # descriptor's padded shape, mamba_hybrid.py:244-246)
+                raise ChunkMetaError(
+                    f"a build of {shape} (tokens, requests) in a step dispatched to the mixed graph "
+                    f"{record.current}: that graph would replay another step's inputs."
+                )
+            return None  # another graph, none, or an eager batch the dispatch never saw
         bucket = self.chunkmeta_buckets.get(shape)
         if bucket is None:
             raise ChunkMetaError(

@@ -81,13 +81,40 @@ class MixedDispatch:
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
         self.captures: list[dict] = []  # the last capture's graphs, each timed (mrv2_capture)
-        # the step in flight's rows (record_steps), for a builder whose graphs hold fewer rows of
-        # some kind than of requests; None outside a step
-        self.step: StepRows | None = None
+        # the step in flight's scheduler output (record_steps); its rows (``step``) are counted
+        # only where a builder asks for them (a Mamba2 graph of few SSD rows)
+        self._scheduler_output = None
+        self._step: StepRows | None = None
+        self._step_read = True
         self.stage_id = 0
         self._marks: dict[int, int] = {}  # id(builder) -> the stage_id it last staged
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
+
+    @property
+    def step(self) -> StepRows | None:
+        """The step in flight's rows (``StepRows``), counted on first read; None outside a step."""
+        if not self._step_read:
+            self._step, self._step_read = StepRows.of(self._scheduler_output), True
+        return self._step
+
+    @step.setter
+    def step(self, rows: StepRows | None) -> None:
+        self._step, self._step_read = rows, True
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is in flight (``record_steps``: MRV2's ``execute_model`` runs)."""
+        return self._scheduler_output is not None
+
+    def begin_step(self, scheduler_output) -> None:
+        self._scheduler_output, self._step, self._step_read = scheduler_output, None, scheduler_output is None
+
+    def end_step(self) -> None:
+        """The step's decision ends with it: a build outside a step stages nothing."""
+        self.begin_step(None)
+        self.current = None
+        self.stage_id += 1
 
     def mark(self, builder) -> None:
         """``builder`` staged the step in flight (its bucket, or its group's view)."""
@@ -336,20 +363,23 @@ def add_mixed_full_descs(manager, vllm_config, builders, turn_away) -> set[tuple
     # candidates: a batch of i tokens tries the FULL descriptors of the smallest size >= i first
     # (vLLM's decode ones, which take only decode batches), then these, smallest R first, then
     # the piecewise ones
+    # (every new list made before any is set: a failure leaves vLLM's lists as they were)
+    lists = {}
     for (i, loras), candidates in manager._candidates.items():
         size = next((n for n in sizes if n >= i), None)
         ours = [d for d in added if d.num_tokens == size and d.num_active_loras == loras]
         if ours:
             at = next((k for k, d in enumerate(candidates) if d.cg_mode != CUDAGraphMode.FULL), len(candidates))
-            candidates[at:at] = ours
+            lists[i, loras] = [*candidates[:at], *ours, *candidates[at:]]
     # capture order, largest first as vLLM's: per size the mixed graphs before vLLM's decode one,
     # most requests first. vLLM's memory profile captures the first two FULL graphs and counts
     # the rest at the second's cost (cudagraph_utils.py:995-1039): the heaviest must be sampled
     # (H100, Qwen3.5: 0.43 GiB estimated, 1.89 GiB taken, with vLLM's decode graph first)
     ours = {id(d) for d in added}
-    manager._capture_descs[CUDAGraphMode.FULL] = sorted(
-        [*full, *added], key=lambda d: (d.num_tokens, id(d) in ours, d.num_reqs or 0), reverse=True
-    )
+    descs = sorted([*full, *added], key=lambda d: (d.num_tokens, id(d) in ours, d.num_reqs or 0), reverse=True)
+    for key, candidates in lists.items():
+        manager._candidates[key][:] = candidates
+    manager._capture_descs[CUDAGraphMode.FULL] = descs
     return {(d.num_tokens, d.num_reqs) for d in added}
 
 
@@ -427,8 +457,9 @@ class StepRows(NamedTuple):
 
 def record_steps(runner, record: MixedDispatch) -> None:
     """``runner.execute_model`` (this instance; wrapped once, the latest record read per call)
-    records the step's rows (``StepRows``) on ``record`` while it runs: Model Runner V2
-    dispatches inside it, its dummy runs included (gpu/model_runner.py:920, 1799-1844)."""
+    marks the step in flight on ``record`` while it runs (its rows, ``StepRows``, counted where
+    asked: 13 us a step at 256 requests on the CPU machine, not paid by every step): Model
+    Runner V2 dispatches inside it, its dummy runs included (gpu/model_runner.py:920, 1799-1844)."""
     runner._chunkmeta_record = record
     if getattr(runner, "_chunkmeta_steps_recorded", False):
         return
@@ -437,13 +468,11 @@ def record_steps(runner, record: MixedDispatch) -> None:
     @functools.wraps(original)
     def execute_model(*args, **kwargs):
         current = runner._chunkmeta_record
-        current.step = StepRows.of(args[0] if args else kwargs.get("scheduler_output"))
+        current.begin_step(args[0] if args else kwargs.get("scheduler_output"))
         try:
             return original(*args, **kwargs)
         finally:
-            # the step's decision ends with it: a build outside a step stages nothing
-            current.step, current.current = None, None
-            current.stage_id += 1
+            current.end_step()
 
     runner.execute_model = execute_model
     runner._chunkmeta_steps_recorded = True

@@ -179,6 +179,9 @@ def test_which_models_are_graph_safe(configs, monkeypatch):
     assert full_graph.graph_unsafe(configs[False]) is None  # Qwen3-Next, FLA-triton on this platform
     monkeypatch.setattr(qwen_gdn_linear_attn, "_resolve_gdn_prefill_backend", lambda c: ("auto", "flashinfer"))
     assert "'flashinfer'" in full_graph.graph_unsafe(configs[False])
+    # ROCm with AITER: the layer's forward_hip never reaches the patched _forward_core
+    monkeypatch.setattr(qwen_gdn_linear_attn, "GDN_AITER_TRITON_AVAILABLE", True)
+    assert "AITER" in full_graph.graph_unsafe(configs[False])
 
 
 def test_capture_sizes_over_the_decode_limit_are_accepted(configs, full_cls):
@@ -720,6 +723,25 @@ def test_a_capture_that_cannot_be_staged_is_never_replayed(piecewise_config, ful
     assert (128, 16) in record.refused and (128, 16) not in builder.chunkmeta_buckets
     assert _mrv2_dispatch(mrv2_manager, 12, 100) == (CUDAGraphMode.PIECEWISE, 128, None)
     assert _mrv2_dispatch(mrv2_manager, 3, 100) == (CUDAGraphMode.FULL, 128, 8)  # the others replay
+    # vLLM captures a descriptor twice (a warm-up, then the capture): after a warm-up that could
+    # not stage, the capture takes the same path, no bucket made again
+    again = builder.build_for_cudagraph_capture(capture_metadata(128, 16))
+    assert not hasattr(again, "chunkmeta_mixed") and (128, 16) not in builder.chunkmeta_buckets
+
+
+def test_mrv2_a_build_of_another_shape_than_the_full_graph_dispatched_raises(piecewise_config, full_cls, mrv2_manager):
+    """Fail closed: inside a step (MRV2's execute_model), a FULL mixed graph replays whatever its
+    bucket holds, so a build that cannot be staged into it raises rather than taking eager tables."""
+    builder = full_cls(SPEC, LAYERS, piecewise_config, DEVICE)
+    _, record = _mrv2_wired(piecewise_config, mrv2_manager, [builder])
+    record.begin_step(object())
+    assert _mrv2_dispatch(mrv2_manager, 3, 20) == (CUDAGraphMode.FULL, 32, 8)
+    with pytest.raises(ChunkMetaError, match="would replay another step's inputs"):
+        builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 16, 32))
+    assert builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 8, 32)).chunkmeta_mixed is not None
+    record.end_step()  # outside a step (V1's dummy runs, say) such a build takes the eager tables
+    eager = builder.build(0, padded_metadata([1, 7, 12], [40, 0, 0], 16, 32))
+    assert not hasattr(eager, "chunkmeta_mixed") and eager.chunk_indices is not None
 
 
 def test_mrv2_under_full_vllms_mixed_graphs_each_get_a_bucket_or_are_not_captured(

@@ -203,7 +203,7 @@ def test_under_v1_a_bucket_holds_every_ssd_row(configs, full_cls):
     assert builder.chunkmeta_refuses((BUCKET_TOKENS, MAX_NUM_SEQS), None) is None
 
 
-def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
+def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls, monkeypatch):
     from chunkmeta.integrations.vllm import graph_dispatch
 
     builder = full_cls(SPEC, LAYERS, mrv2, DEVICE)
@@ -240,6 +240,14 @@ def test_the_dispatch_sends_a_step_of_more_prefills_elsewhere(mrv2, full_cls):
     runner.execute_model(output, dummy_run=True)
     runner.execute_model(scheduler_output=output)  # however the worker passes it
     assert seen == [graph_dispatch.StepRows({"a": 1, "b": 7}, {"b": 0, "a": 12})] * 2 and record.step is None
+    # counted only where read: a step nobody asks about pays nothing
+    counted = []
+    monkeypatch.setattr(graph_dispatch.StepRows, "of", classmethod(lambda cls, out: counted.append(out)))
+    runner.execute_model = lambda *a, **kw: None
+    runner._chunkmeta_steps_recorded = False
+    graph_dispatch.record_steps(runner, record)
+    runner.execute_model(output)
+    assert counted == []
 
 
 def test_the_prefill_rows_counted_at_dispatch_are_the_stock_builders(mrv2):

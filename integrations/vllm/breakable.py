@@ -61,15 +61,21 @@ def add_breakable_buckets(manager, builders, record) -> set[tuple[int, int]]:
     min(N, max_num_seqs))``; each smaller ``R`` gets a capture-only descriptor ``(PIECEWISE, N,
     R)`` (not a dispatch candidate: dispatched, MRV2 would pad the step's rows to it,
     model_runner.py:1462-1484) and its own graph under the runner's key (``gate``), so a step of
-    ``r`` requests carries at most about twice its rows. Returns the shapes, also in
-    ``record.breakable``."""
+    ``r`` requests carries at most ``max(2 r, 8)`` rows (vLLM's breakable replay carries ``r``:
+    its KDA is an eager break on the step's own rows). A size whose top bucket cannot be made
+    keeps vLLM's graph alone. Returns the shapes, also in ``record.breakable``."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
     piecewise = manager._capture_descs.get(CUDAGraphMode.PIECEWISE, [])
     sizes = {d.num_tokens for d in piecewise}
     shapes = {(n, r) for n in sizes for r in request_buckets(n, manager.max_num_reqs)}
-    record.breakable = make_buckets(builders, shapes, record._turn_away)
+    made = make_buckets(builders, shapes, record._turn_away)
+    # vLLM's own capture is the top bucket's: a size without it keeps vLLM's graph, no bucket
+    record.breakable = {(n, r) for n, r in made if (n, min(n, manager.max_num_reqs)) in made}
+    for shape in made - record.breakable:
+        for builder in builders:
+            builder.chunkmeta_buckets.pop(shape, None)
     extra = [
         BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, r)
         for n, r in record.breakable

@@ -363,9 +363,10 @@ class FullGraphBuilderMixin:
         batch stages another of the same shape)."""
         self._stage(bucket, metadata, m)
 
-    def chunkmeta_refuses(self, shape: tuple[int, int], step) -> str | None:
-        """Why a step (``graph_dispatch.StepRows``; None where the runner recorded none) cannot
-        go to the mixed graph of ``shape``, beyond its shape, or None."""
+    def chunkmeta_refuses(self, shape: tuple[int, int], record) -> str | None:
+        """Why the step in flight cannot go to the mixed graph of ``shape``, beyond its shape, or
+        None. ``record``: the ``graph_dispatch.MixedDispatch`` (its ``step`` rows are counted on
+        first read, None where the runner recorded none), or None."""
         return None
 
     def _mixed_fall_back(self, exc: Exception) -> None:
@@ -525,10 +526,11 @@ class Mamba2FullGraphMixin(FullGraphBuilderMixin):
             **rows,
         )
 
-    def chunkmeta_refuses(self, shape, step):
+    def chunkmeta_refuses(self, shape, record):
         bucket = self.chunkmeta_buckets.get(shape)
         if bucket is None or bucket.ssd_rows >= bucket.num_reqs:
             return None
+        step = record.step if record is not None else None
         if step is None:  # fail closed: a step nobody counted
             return "a Mamba2 graph of few SSD rows and a step whose rows were not recorded"
         if mamba2_prefill_rows(step) > bucket.ssd_rows:

@@ -144,7 +144,7 @@ class MixedDispatch:
         if uniform_decode and shape in self.added:
             return False
         why = self.cannot_stage(shape) or next(
-            (w for b in self.builders if (w := b.chunkmeta_refuses(shape, self.step)) is not None), None
+            (w for b in self.builders if (w := b.chunkmeta_refuses(shape, self)) is not None), None
         )
         if why is not None:
             self._turn_away(why)

@@ -961,6 +961,27 @@ def test_breakable_graphs_get_a_bucket_per_request_bucket_and_the_steps_dispatch
     assert not hasattr(eager, "chunkmeta_mixed") and eager.chunk_indices is not None
 
 
+def test_a_size_without_its_top_breakable_bucket_keeps_vllms_graph(kimi_config, full_cls, make_manager, monkeypatch):
+    """vLLM captures each size with min(N, max_num_seqs) rows: where that bucket cannot be made,
+    the size keeps vLLM's breaking graph, its smaller buckets dropped (none captured)."""
+    original = full_graph.FullGraphBuilderMixin.chunkmeta_bucket
+
+    def refuse(self, num_tokens, num_reqs):
+        if (num_tokens, num_reqs) == (32, 16):
+            raise ChunkMetaError("no bucket for the test")
+        return original(self, num_tokens, num_reqs)
+
+    monkeypatch.setattr(full_graph.FullGraphBuilderMixin, "chunkmeta_bucket", refuse)
+    manager = make_manager(kimi_config)
+    builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
+    record = _breakable_wired(kimi_config, manager, [builder])
+    assert not {s for s in record.breakable if s[0] == 32} and (64, 8) in record.breakable
+    assert (32, 8) not in builder.chunkmeta_buckets
+    assert not [d for d in manager._capture_descs[CUDAGraphMode.PIECEWISE] if d.num_tokens == 32 and d.num_reqs]
+    assert _mrv2_dispatch(manager, 3, 20) == (CUDAGraphMode.PIECEWISE, 32, None) and record.current is None
+    assert _mrv2_dispatch(manager, 3, 40) == (CUDAGraphMode.PIECEWISE, 64, None) and record.current == (64, 8)
+
+
 def test_no_breakable_buckets_for_other_models_or_set_ups(configs, kimi_config, full_cls, make_manager, monkeypatch):
     from chunkmeta.integrations.vllm import breakable
 

@@ -27,17 +27,24 @@ Fail closed, in three places:
 from __future__ import annotations
 
 import functools
+import os
 
 from chunkmeta.integrations.vllm.full_graph import KIMI_ARCHITECTURES
 from chunkmeta.integrations.vllm.graph_dispatch import fast_prefill_refusal, make_buckets, request_buckets
 
+# "1": the breakable graphs get buckets. Off by default until run on a GPU: the graph-safe KDA
+# has been captured in FULL graphs on an H100, never inside breakable segments beside Kimi's MLA
+# breaks, and a capture that fails there stops vLLM's start-up
+BREAKABLE_ENV = "CHUNKMETA_VLLM_BREAKABLE"
 UNSTAGED = "a breakable graph holding chunkmeta's KDA met a step not staged by every builder: the model ran eagerly"
 
 
-def breakable_refusal(vllm_config, manager, builders) -> str | None:
+def breakable_refusal(vllm_config, manager, builders, environ=None) -> str | None:
     """Why an MRV2 manager's breakable graphs get no bucket, or None."""
     if not getattr(manager, "use_breakable_cg", False):
         return "no breakable CUDA graphs"
+    if (os.environ if environ is None else environ).get(BREAKABLE_ENV, "0").strip() != "1":
+        return f"{BREAKABLE_ENV}=1 turns them on (not yet run on a GPU)"
     architectures = set(getattr(vllm_config.model_config, "architectures", None) or ())
     if not architectures & KIMI_ARCHITECTURES:
         return f"architectures {sorted(architectures)}: no KDA layer that runs inside a breakable graph"

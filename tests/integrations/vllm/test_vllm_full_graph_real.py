@@ -29,7 +29,7 @@ import vllm_real_batches
 from chunkmeta import reference
 from chunkmeta.errors import ChunkMetaError
 from chunkmeta.integrations import vllm as adapter
-from chunkmeta.integrations.vllm import full_graph, graph_dispatch, mixed_step
+from chunkmeta.integrations.vllm import breakable, full_graph, graph_dispatch, mixed_step
 
 gdn_attn = pytest.importorskip("vllm.v1.attention.backends.gdn_attn")
 from vllm.config.compilation import CUDAGraphMode
@@ -860,6 +860,7 @@ def kimi_config(tmp_path, monkeypatch):
     from vllm.config.compilation import CompilationMode
 
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")  # config/vllm.py:842-851 sets it for Kimi-Linear
+    monkeypatch.setenv(breakable.BREAKABLE_ENV, "1")  # chunkmeta's own switch for the path
     hf_config = vllm_real_batches.tiny_qwen3_next()
     hf_config.architectures = ["KimiLinearForCausalLM"]
     model = vllm_real_batches.model_config(hf_config, str(tmp_path), seed=0)
@@ -983,11 +984,10 @@ def test_a_size_without_its_top_breakable_bucket_keeps_vllms_graph(kimi_config, 
 
 
 def test_no_breakable_buckets_for_other_models_or_set_ups(configs, kimi_config, full_cls, make_manager, monkeypatch):
-    from chunkmeta.integrations.vllm import breakable
-
     manager = make_manager(kimi_config)
     builder = full_cls(SPEC, LAYERS, kimi_config, DEVICE)
     assert breakable.breakable_refusal(kimi_config, manager, [builder]) is None
+    assert breakable.BREAKABLE_ENV in breakable.breakable_refusal(kimi_config, manager, [builder], environ={})
     qwen = full_cls(SPEC, LAYERS, configs[False], DEVICE)
     assert "architectures" in breakable.breakable_refusal(configs[False], manager, [qwen])
     manager.lora_capture_cases = [0, 1]
@@ -1094,8 +1094,6 @@ def _run_piecewise(runner, num_tokens, attn_metadata):
 def test_a_breakable_graph_holds_the_kda_and_replays_only_staged_steps(
     kimi_config, full_cls, make_manager, breakable_capture, monkeypatch, caplog
 ):
-    from chunkmeta.integrations.vllm import breakable
-
     manager, (builder,), record, runner, (layer,), calls, counts = _gated(
         kimi_config, full_cls, make_manager, breakable_capture, monkeypatch
     )

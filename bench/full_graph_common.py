@@ -14,8 +14,10 @@ import torch
 import vllm_step_loop as loop
 
 # how a piece is captured: "cuda" (CUDA graphs), "simulate" (CPU: the graph's contract with no
-# graph, so that the smoke runs the capture and replay paths), "off" (eager)
-CAPTURE_MODES = ("cuda", "simulate", "off")
+# graph, so that the smoke runs the capture and replay paths), "off" (eager), "breakable" (vLLM's
+# breakable capture, as Kimi-Linear's piecewise graphs hold the KDA: the piece in a segment, then
+# an eager break where an MLA layer makes one)
+CAPTURE_MODES = ("cuda", "simulate", "off", "breakable")
 
 REQUEST_BUCKETS = (8, 16, 32, 64, 128, 256)
 
@@ -116,6 +118,7 @@ class Captured(NamedTuple):
     out: object  # what the captured function returned: the static output each replay rewrites
     seconds: float | None  # capture time (CUDA)
     pool_bytes: int | None  # the graph pool's growth (CUDA)
+    segments: tuple[int, int] | None = None  # "breakable": (graphs, eager breaks)
 
 
 def capture(fn, mode: str, keep=()) -> Captured:
@@ -132,8 +135,10 @@ def capture(fn, mode: str, keep=()) -> Captured:
         with torch.cuda.graph(graph):
             out = fn()
         return Captured(graph.replay, out, time.perf_counter() - start, torch.cuda.memory_reserved() - before)
+    if mode == "breakable":
+        return _breakable(fn)
     if mode != "simulate":
-        raise ValueError(f"capture mode {mode!r}: one of {CAPTURE_MODES[:2]}")
+        raise ValueError(f"capture mode {mode!r}: one of {CAPTURE_MODES}")
     saved = [t.clone() for t in keep]
     out = fn()
     for t, before in zip(keep, saved, strict=True):
@@ -145,3 +150,38 @@ def capture(fn, mode: str, keep=()) -> Captured:
             out.copy_(again)
 
     return Captured(replay, out, None, None)
+
+
+def _breakable(fn) -> Captured:
+    """``fn`` captured in vLLM's ``BreakableCUDAGraphCapture`` followed by an eager break (no
+    work: it ends ``fn``'s segment as the next MLA layer does in Kimi-Linear), on a side stream as
+    vLLM's capture runs; replayed segment by segment."""
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture, eager_break_during_capture
+
+    @eager_break_during_capture
+    def attention_break():
+        pass
+
+    cuda = torch.cuda.is_available()
+    stream = torch.cuda.Stream() if cuda else None
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    before, start = torch.cuda.memory_reserved() if cuda else 0, time.perf_counter()
+    with (
+        torch.cuda.stream(stream) if cuda else _nothing(),
+        BreakableCUDAGraphCapture(pool=torch.cuda.graph_pool_handle() if cuda else None) as graphs,
+    ):
+        out = fn()
+        attention_break()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    pool = torch.cuda.memory_reserved() - before if cuda else None
+    return Captured(graphs.replay, out, seconds, pool, (graphs.num_graphs, graphs.num_eager_breaks))
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()

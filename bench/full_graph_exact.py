@@ -229,6 +229,7 @@ def run_exact(bench: Bench, case, requests: int, tokens: int, batches: int, seed
         "layer": case.name, "requests": requests, "tokens": tokens, "request_bucket": request_bucket(requests),
         "batches": batches, "tokens_compared": tokens_compared, "bit_identical": not mismatches,
         "mismatches": mismatches[:5], "captured": mode, "capture_s": captured and captured.seconds,
+        "segments": captured and captured.segments,  # "breakable": (graphs, eager breaks)
         # calls of the vendored prepare_chunk_* answered with the bucket's tables (eager runs only:
         # a replay runs no Python); the stock path's own calls fall through uncounted
         "router_hits_per_batch": (router.hits - hits) / batches,

@@ -531,7 +531,12 @@ def format_tables(figures: dict, device: str) -> str:
         if "error" in e:
             lines.append(f"{e['layer']}: failed: {e['error'].splitlines()[0][:160]}")
             continue
-        how = {"cuda": "captured once, replayed", "simulate": "capture simulated (CPU)", "off": "eager"}[e["captured"]]
+        how = {
+            "cuda": "captured once, replayed",
+            "breakable": "captured once in vLLM's breakable graph before an eager break, replayed",
+            "simulate": "capture simulated (CPU)",
+            "off": "eager",
+        }[e["captured"]]
         same = "yes" if e["bit_identical"] else "NO"
         tolerance = ""
         if e["layer"] == "gdn_with_decodes":
@@ -653,6 +658,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--simulate-graphs", action="store_true", help="--smoke: run the capture and replay paths with no graph"
     )
+    parser.add_argument(
+        "--breakable",
+        action="store_true",
+        help="the exact part in vLLM's breakable capture (Kimi-Linear's piecewise graphs), not one CUDA graph",
+    )
     args = parser.parse_args(argv)
     from chunkmeta.integrations.vllm.full_graph import LEVELS_ENV
 
@@ -708,7 +718,8 @@ def main(argv: list[str]) -> int:
         blocks = max_reqs + 1
         for case in (make(bench, tokens, blocks) for name, make in EXACT_CASES.items() if name in exact_layers):
             try:
-                figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed, mode))
+                how = "breakable" if args.breakable and mode == "cuda" else mode
+                figures["exact"].append(run_exact(bench, case, requests, tokens, args.exact_batches, args.seed, how))
             except Exception as exc:  # noqa: BLE001  (the other layers and the steps go on)
                 figures["exact"].append({"layer": case.name, "error": loop._error(exc), "bit_identical": False})
             verdict = figures["exact"][-1]["bit_identical"]

@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 import results as runs  # noqa: E402  bench/results.py
 
 MODELS_DIR = HERE / "engine_models"
-METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "chunkmeta_graphs_vllm_keys")
+METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "chunkmeta_graphs_vllm_keys", "chunkmeta_graphs_levels")
 METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-ins
     "vllm": {"CHUNKMETA_VLLM": "0", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
     "chunkmeta": {"CHUNKMETA_VLLM": "1", "CHUNKMETA_VLLM_FULL_GRAPH": "0"},
@@ -53,6 +53,13 @@ METHOD_ENV = {  # the one thing that differs between methods: chunkmeta's opt-in
         "CHUNKMETA_VLLM": "1",
         "CHUNKMETA_VLLM_FULL_GRAPH": "1",
         "CHUNKMETA_VLLM_REQUEST_BUCKETS": "0",
+    },
+    # the mixed graphs with their state-carrying kernels on levels (CUDA graph IF nodes): a
+    # padded request row costs no state traffic; off by default until measured
+    "chunkmeta_graphs_levels": {
+        "CHUNKMETA_VLLM": "1",
+        "CHUNKMETA_VLLM_FULL_GRAPH": "1",
+        "CHUNKMETA_VLLM_LEVELS": "1",
     },
 }
 DEFAULT_METHODS = ("vllm", "chunkmeta", "chunkmeta_graphs", "vllm")  # vllm#2: the noise every ratio stands on

@@ -169,7 +169,7 @@ def _breakable(fn) -> Captured:
         torch.cuda.empty_cache()
     before, start = torch.cuda.memory_reserved() if cuda else 0, time.perf_counter()
     with (
-        torch.cuda.stream(stream) if cuda else _nothing(),
+        torch.cuda.stream(stream),  # (None: no-op, off CUDA)
         BreakableCUDAGraphCapture(pool=torch.cuda.graph_pool_handle() if cuda else None) as graphs,
     ):
         out = fn()
@@ -179,9 +179,3 @@ def _breakable(fn) -> Captured:
     seconds = time.perf_counter() - start
     pool = torch.cuda.memory_reserved() - before if cuda else None
     return Captured(graphs.replay, out, seconds, pool, (graphs.num_graphs, graphs.num_eager_breaks))
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()

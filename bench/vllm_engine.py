@@ -225,11 +225,12 @@ def metrics(run: dict, graph_tokens: int = 0) -> dict:
     ``graph_tokens`` (the largest capture size) also the mean TTFT of the prompts a graph can
     hold and of the longer ones, which run without a graph in every method."""
     reqs = run["requests"]
-    ttft = [(r["times"][0] - r["start"]) * 1e3 for r in reqs if r["times"]]
+    firsts = [(r["isl"], (r["times"][0] - r["start"]) * 1e3) for r in reqs if r["times"]]  # (ISL, TTFT)
+    ttft = [ms for _, ms in firsts]
     by_length = {}
     if graph_tokens:
         for name, keep in (("in_graphs", lambda n: n <= graph_tokens), ("over_graphs", lambda n: n > graph_tokens)):
-            picked = [(r["times"][0] - r["start"]) * 1e3 for r in reqs if r["times"] and keep(r["isl"])]
+            picked = [ms for isl, ms in firsts if keep(isl)]
             by_length[f"prompts_{name}"] = len(picked)
             by_length[f"mean_ttft_{name}_ms"] = round(statistics.fmean(picked), 3) if picked else None
     tpot = [(r["times"][-1] - r["times"][0]) * 1e3 / (len(r["times"]) - 1) for r in reqs if len(r["times"]) > 1]

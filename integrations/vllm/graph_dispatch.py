@@ -77,7 +77,7 @@ class MixedDispatch:
         self.builders = list(builders)
         self.current: tuple[int, int] | None = None
         self.added: set[tuple[int, int]] = set()  # the mixed graphs chunkmeta added beside vLLM's
-        self.breakable: set[tuple[int, int]] = set()  # vLLM's breakable graphs holding chunkmeta's KDA
+        self.breakable = set()  # vLLM's breakable graphs holding chunkmeta's KDA
         self.refused: set[tuple[int, int]] = set()  # graphs whose capture chunkmeta could not stage
         self.turned_away: dict[str, int] = {}
         self.captures: list[dict] = []  # the last capture's graphs, each timed (mrv2_capture)
@@ -90,6 +90,18 @@ class MixedDispatch:
         self._marks: dict[int, int] = {}  # id(builder) -> the stage_id it last staged
         for builder in self.builders:
             builder._chunkmeta_dispatch = self
+
+    @property
+    def breakable(self) -> set[tuple[int, int]]:
+        return self._breakable
+
+    @breakable.setter
+    def breakable(self, shapes) -> None:
+        # set once at start-up; each dispatch reads its size's rows from the index, not the set
+        self._breakable = set(shapes)
+        self.breakable_rows: dict[int, list[int]] = {}  # N -> its buckets' request rows, ascending
+        for n, r in sorted(self._breakable):
+            self.breakable_rows.setdefault(n, []).append(r)
 
     @property
     def step(self) -> StepRows | None:
@@ -266,7 +278,7 @@ def mrv2_breakable_shape(manager, desc, record: MixedDispatch, num_reqs: int | N
     n = desc.num_tokens
     if desc.num_reqs is not None:
         return (n, desc.num_reqs) if (n, desc.num_reqs) in record.breakable else None
-    rows = sorted(r for size, r in record.breakable if size == n)
+    rows = record.breakable_rows.get(n)
     if not rows:
         return None
     held = [r for r in rows if r >= (num_reqs or rows[-1]) and (n, r) not in record.refused]

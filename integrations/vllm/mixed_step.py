@@ -155,11 +155,14 @@ class MixedStepInputs:
         self._set_tables(step)
         # the grid is the bucket's capacity: padding rows are PAD_SLOT_ID, on which the kernel returns
         conv = step["conv"]
-        rows = self._conv_spec.entry_rows(num_reqs, num_tokens)[0]
-        capacity = attrs.evolve(
-            conv, batch_ptr=conv.batch_ptr[:rows], token_chunk_offset_ptr=conv.token_chunk_offset_ptr[:rows], tot=rows
+        conv_rows = self._conv_spec.entry_rows(num_reqs, num_tokens)[0]
+        own = attrs.evolve(
+            conv,
+            batch_ptr=conv.batch_ptr[:conv_rows],
+            token_chunk_offset_ptr=conv.token_chunk_offset_ptr[:conv_rows],
+            tot=conv_rows,
         )
-        self.conv = ConvMetadata(*conv_fields(capacity))
+        self.conv = ConvMetadata(*conv_fields(own))
         self.staged = None  # the StepTables of the last staged step (live until the next stage)
         capacity, top = self._chunk_capacity(), self._level_rows()
         rows = [1 << k for k in range(top.bit_length()) if 1 << k < top] + [top] if levels else [top]

@@ -313,6 +313,39 @@ def reinit_weights(model, seed: int = 0) -> dict:
     return counts
 
 
+def _redraw(worker) -> dict:
+    """In the worker: the weights redrawn (``reinit_weights``), and their digest."""
+    model = _worker_of(worker).model_runner.model
+    return reinit_weights(model) | {"digest": _or_error(lambda: weights_digest(model))}
+
+
+def weights_digest(model) -> str:
+    """A digest of every parameter's and buffer's bits (exact integer sums, per tensor): two
+    processes that drew the same weights give the same digest, so a logprob difference between
+    them is not the weights'."""
+    import hashlib
+
+    import torch
+
+    views = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    parts = []
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    with torch.no_grad():
+        for name, t in sorted(tensors.items()):
+            flat = t.detach().reshape(-1)
+            if flat.dtype == torch.bool:
+                flat = flat.view(torch.uint8)
+            flat = flat.view(views[flat.element_size()])
+            total = torch.zeros(2, dtype=torch.int64, device=flat.device)
+            for start in range(0, flat.numel(), 1 << 24):  # a bounded int64 temporary
+                chunk = flat[start : start + (1 << 24)].to(torch.int64)
+                total[0] += chunk.sum()
+                total[1] += (chunk * chunk).sum()  # wraps alike in every process: still a digest
+            parts.append(f"{name}:{tuple(t.shape)}:{t.dtype}:{total.tolist()}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def _worker_of(obj):
     return getattr(obj, "worker", obj)
 
@@ -510,7 +543,7 @@ def child(args) -> int:
         )
         emit("engine_ready", startup_s=round(time.perf_counter() - t0, 1), startup_kernels=watch.take())
         make_params = _sampling
-        emit("weights", **llm.collective_rpc(lambda w: reinit_weights(_worker_of(w).model_runner.model))[0])
+        emit("weights", **llm.collective_rpc(_redraw)[0])
     engine = llm.llm_engine
     emit("wiring", **llm.collective_rpc(wiring)[0])
 
@@ -613,17 +646,19 @@ def kernel_configs() -> dict[str, str]:
     if tuner is None and inductor is None:
         return out
     for obj in gc.get_objects():
-        if tuner is not None and isinstance(obj, tuner) and getattr(obj, "best_config", None) is not None:
-            name, config = obj.base_fn.__name__, str(obj.best_config)
+        if tuner is not None and isinstance(obj, tuner):
+            # a choice per shape key (best_config is only the last launch's)
+            found = [(f"{obj.base_fn.__name__}{list(k)}", str(c)) for k, c in getattr(obj, "cache", {}).items()]
         elif inductor is not None and isinstance(obj, inductor) and len(obj.launchers) == 1:
-            name, config = f"inductor:{obj.fn.__name__}", str(obj.launchers[0].config)
+            found = [(f"inductor:{obj.fn.__name__}", str(obj.launchers[0].config))]
         else:
             continue
-        key, n = name, 1
-        while key in out and out[key] != config:  # one name, several kernels (inductor's per graph)
-            n += 1
-            key = f"{name}#{n}"
-        out[key] = config
+        for name, config in found:
+            key, n = name, 1
+            while key in out and out[key] != config:  # one name, several kernels (inductor's per graph)
+                n += 1
+                key = f"{name}#{n}"
+            out[key] = config
     return out
 
 
@@ -837,7 +872,7 @@ def summarize(rows: list[dict]) -> dict:
         if check:
             status["syncs"] = check.get("syncs")
             status["correctness_mixed_steps"] = check.get("mixed_steps")
-            correctness.setdefault(model, {})[method] = check
+            correctness.setdefault(model, {})[method] = check | {"weights_digest": status.get("digest")}
         methods.setdefault(model, {})[method] = status
         for event in row["events"]:
             if event["event"] == "workload":
@@ -894,7 +929,8 @@ def capture_totals(captures: list[dict]) -> dict:
 
 def compare_logprobs(by_method: dict) -> dict:
     """Every method's greedy tokens and logprobs against vLLM's: equal, or where they first differ;
-    each process's own repeat; the autotuned kernels whose configs differ from vLLM's process's."""
+    each process's own repeat; the autotuned kernels whose configs differ from vLLM's process's
+    (and how many were tuned in only one of the two); whether both drew the same weights."""
     base = by_method.get("vllm")
     out = {}
     if base is None:
@@ -909,6 +945,10 @@ def compare_logprobs(by_method: dict) -> dict:
         out[method]["repeat"] = check.get("repeat")
         ours, theirs = check.get("kernel_configs") or {}, base.get("kernel_configs") or {}
         out[method]["configs_differ"] = sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k])
+        # kernels (or shape keys) tuned in one of the two processes only: not compared above
+        out[method]["configs_one_side"] = len(ours.keys() ^ theirs.keys())
+        if isinstance(check.get("weights_digest"), str) and isinstance(base.get("weights_digest"), str):
+            out[method]["weights_identical"] = check["weights_digest"] == base["weights_digest"]
     return out
 
 

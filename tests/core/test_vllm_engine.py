@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,46 @@ def test_logprob_comparison_names_the_first_divergence():
     # the kernels that ran another autotuned config than vLLM's process: a named cause for a divergence
     assert out["chunkmeta_graphs"]["configs_differ"] == ["_chunk_scan_fwd_kernel"]
     assert out["chunkmeta_graphs"]["repeat"]["identical"] is True
+    assert out["chunkmeta_graphs"]["configs_one_side"] == 0 and "weights_identical" not in out["chunkmeta"]
+    other["kernel_configs"]["inductor:triton_poi_1"] = "XBLOCK: 8"  # tuned in one process only
+    base["weights_digest"], same["weights_digest"], other["weights_digest"] = "a", "a", "b"
+    out = vllm_engine.compare_logprobs({"vllm": base, "chunkmeta": same, "chunkmeta_graphs": other})
+    assert out["chunkmeta_graphs"]["configs_one_side"] == 1
+    assert out["chunkmeta"]["weights_identical"] is True and out["chunkmeta_graphs"]["weights_identical"] is False
+
+
+def test_kernel_configs_name_every_shape_key_of_an_autotuner(monkeypatch):
+    """Triton's Autotuner keeps a choice per shape key; its best_config is only the last launch's."""
+
+    class Autotuner:
+        def __init__(self, name, cache):
+            self.base_fn = types.SimpleNamespace(__name__=name)
+            self.cache = cache
+            self.best_config = list(cache.values())[-1]
+
+    monkeypatch.setitem(sys.modules, "triton.runtime.autotuner", type(sys)("autotuner_stand_in"))
+    sys.modules["triton.runtime.autotuner"].Autotuner = Autotuner
+    monkeypatch.delitem(sys.modules, "torch._inductor.runtime.triton_heuristics", raising=False)
+    kept = Autotuner("_chunk_scan_fwd_kernel", {(64, "bf16"): "BLOCK_M: 64", (512, "bf16"): "BLOCK_M: 32"})
+    configs = vllm_engine.kernel_configs()
+    assert configs["_chunk_scan_fwd_kernel[64, 'bf16']"] == "BLOCK_M: 64"
+    assert configs["_chunk_scan_fwd_kernel[512, 'bf16']"] == "BLOCK_M: 32"
+    del kept
+
+
+def test_weights_digest_tells_one_changed_bit():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    vllm_engine.reinit_weights(model, seed=1)
+    first = vllm_engine.weights_digest(model)
+    vllm_engine.reinit_weights(model, seed=1)
+    assert vllm_engine.weights_digest(model) == first  # the same draw, the same digest
+    with torch.no_grad():
+        bits = model[0].weight.view(torch.int32)
+        bits[1, 2] += 1  # one ulp
+    assert vllm_engine.weights_digest(model) != first
+    model[1].num_batches_tracked += 1  # a buffer counts too
+    assert vllm_engine.weights_digest(model) != first
 
 
 def _run(tmp_path, *extra, env=None):

@@ -615,8 +615,77 @@ def child(args) -> int:
             # the figures are the last run's (steady state); every run's headline figures are kept
             result = each[-1] | {"runs": [{k: r.get(k) for k in RUN_KEYS} for r in each], "warmup_triton": warmup}
             emit("workload", workload=name, concurrency=concurrency, **result)
+    if args.engine != "fake" and time.time() < deadline:
+        # after the measured runs: which kernels a decode-only step launches, and for how long
+        emit("decode_profile", **_or_error(lambda: decode_profile(engine, vocab, make_params)))
     emit("final", **llm.collective_rpc(wiring)[0])
     return 0
+
+
+def decode_profile(engine, vocab: int, make_params, *, requests: int = 8, steps: int = 32, top: int = 25) -> dict:
+    """The device kernels of ``steps`` decode-only engine steps (``requests`` short prompts, all
+    decoding), by name: device us per step and launches per step, the ``top`` longest. Tells
+    which kernels one method's decode steps run that another's do not (mixed-step graphs leave
+    vLLM's decode graphs alone, so every method's should match)."""
+    import torch
+
+    osl = steps + 24
+    reqs = [([(31 * i + 7 * j) % (vocab - 20) + 10 for j in range(16)], osl) for i in range(requests)]
+    for i, (ids, n) in enumerate(reqs):
+        engine.add_request(f"profile{i}", {"prompt_token_ids": ids}, make_params(n))
+    produced: dict[str, int] = {}
+
+    def step():
+        for out in engine.step():
+            produced[out.request_id] = len(out.outputs[0].token_ids)
+            if out.finished:
+                produced[out.request_id] = osl
+
+    # off CUDA (the CPU test's stand-in engine) the host ops stand for the kernels
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    while len(produced) < requests or min(produced.values()) < 4:  # every prefill done, decoding
+        step()
+    sync()
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    while min(produced.values()) < osl:  # the requests run out before the next measurement
+        step()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == kind:
+            entry = kernels.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time if cuda else event.cpu_time  # us
+            entry[1] += 1
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    return {
+        "requests": requests,
+        "steps": steps,
+        "device_us_per_step": round(sum(v[0] for v in kernels.values()) / steps, 2),
+        "launches_per_step": round(sum(v[1] for v in kernels.values()) / steps, 2),
+        "kernels": {name: [round(us / steps, 2), round(n / steps, 2)] for name, (us, n) in ranked[:top]},
+        "kernel_names": sorted(kernels),
+    }
+
+
+def compare_decode_profiles(base: dict, other: dict) -> dict:
+    """One method's decode-step profile against vLLM's: device us per step each, the kernels only
+    one of them launched, and the largest per-kernel differences (us per step)."""
+    if not base or not other or "kernels" not in base or "kernels" not in other:
+        return {}
+    names = set(base["kernels"]) | set(other["kernels"])
+    deltas = {n: round(other["kernels"].get(n, [0.0])[0] - base["kernels"].get(n, [0.0])[0], 2) for n in names}
+    return {
+        "device_us_per_step": [base["device_us_per_step"], other["device_us_per_step"]],
+        "launches_per_step": [base["launches_per_step"], other["launches_per_step"]],
+        "only_vllm": sorted(set(base["kernel_names"]) - set(other["kernel_names"])),
+        "only_this": sorted(set(other["kernel_names"]) - set(base["kernel_names"])),
+        "largest_deltas": sorted(deltas.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:8],
+    }
 
 
 def correctness_requests(part, vocab: int, shift: int = 0) -> list[tuple[list[int], int]]:
@@ -873,6 +942,9 @@ def summarize(rows: list[dict]) -> dict:
             status["syncs"] = check.get("syncs")
             status["correctness_mixed_steps"] = check.get("mixed_steps")
             correctness.setdefault(model, {})[method] = check | {"weights_digest": status.get("digest")}
+        profile = _event(row, "decode_profile")
+        if profile:
+            status["decode_profile"] = {k: v for k, v in profile.items() if k not in ("event", "t")}
         methods.setdefault(model, {})[method] = status
         for event in row["events"]:
             if event["event"] == "workload":
@@ -891,7 +963,21 @@ def summarize(rows: list[dict]) -> dict:
                 "tpot_ratio": round(base["mean_tpot_ms"] / cell["mean_tpot_ms"], 3) if "mean_tpot_ms" in cell else None,
             }
         out_rows.append(entry)
-    return {"rows": out_rows, "methods": methods, "logprobs": {m: compare_logprobs(c) for m, c in correctness.items()}}
+    profiles = {
+        model: {
+            method: compare_decode_profiles(by_method["vllm"].get("decode_profile"), status.get("decode_profile"))
+            for method, status in by_method.items()
+            if method != "vllm"
+        }
+        for model, by_method in methods.items()
+        if "vllm" in by_method
+    }
+    return {
+        "rows": out_rows,
+        "methods": methods,
+        "logprobs": {m: compare_logprobs(c) for m, c in correctness.items()},
+        "decode_profiles": profiles,
+    }
 
 
 def first_divergence(base: list[dict], check: list[dict], names=("first", "second")) -> dict:
@@ -981,6 +1067,8 @@ def print_table(figures: dict) -> None:
             )
     for model, check in figures["logprobs"].items():
         print(f"logprobs {model}: {json.dumps(check)}")
+    for model, by_method in figures.get("decode_profiles", {}).items():
+        print(f"decode steps {model} (us per step: vllm, method; kernels in one only): {json.dumps(by_method)}")
 
 
 def parse_concurrency(text: str) -> dict[str, tuple[int, ...]]:

@@ -269,3 +269,30 @@ def test_capture_totals_keep_chunkmetas_graphs_apart_from_vllms():
     totals = vllm_engine.capture_totals(captures)
     assert totals["chunkmeta"] == {"graphs": 2, "seconds": 0.75, "gib": 1.5}
     assert totals["vllm"] == {"graphs": 1, "seconds": 0.1, "gib": 0.0}
+
+
+def test_decode_profile_times_the_decode_steps_and_leaves_no_request_behind():
+    torch = pytest.importorskip("torch")
+
+    class MatmulEngine(vllm_engine_fake._Engine):
+        def step(self):
+            torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # the step's one "kernel" (host ops off CUDA)
+            return super().step()
+
+    engine = MatmulEngine()
+    profile = vllm_engine.decode_profile(engine, 1000, vllm_engine_fake.params, requests=3, steps=5)
+    assert profile["steps"] == 5 and profile["kernels"]["aten::mm"][1] == 1.0  # one launch a step
+    assert "aten::mm" in profile["kernel_names"] and profile["device_us_per_step"] > 0
+    assert not engine.live  # every profiling request ran to its end
+
+
+def test_decode_profiles_compare_kernels_against_vllms():
+    base = {"device_us_per_step": 100.0, "launches_per_step": 3.0, "kernel_names": ["gemm", "ssu"],
+            "kernels": {"gemm": [80.0, 2.0], "ssu": [20.0, 1.0]}}  # fmt: skip
+    other = {"device_us_per_step": 101.0, "launches_per_step": 4.0, "kernel_names": ["gemm", "ssu", "fill"],
+             "kernels": {"gemm": [80.0, 2.0], "ssu": [20.5, 1.0], "fill": [0.5, 1.0]}}  # fmt: skip
+    out = vllm_engine.compare_decode_profiles(base, other)
+    assert out["only_this"] == ["fill"] and out["only_vllm"] == []
+    assert out["device_us_per_step"] == [100.0, 101.0]
+    assert out["largest_deltas"] == [("fill", 0.5), ("ssu", 0.5), ("gemm", 0.0)]
+    assert vllm_engine.compare_decode_profiles(base, {"error": "no CUPTI"}) == {}

@@ -137,6 +137,8 @@ class MixedStepInputs:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ChunkMetaError(f"{name}={value!r}: a mixed-step bucket needs a positive int.")
         self.num_tokens, self.num_reqs, self.chunk_size = num_tokens, num_reqs, chunk_size
+        # every family's conv table: the causal-conv1d one (its grid is cut to the bucket below)
+        self._conv_spec = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
         specs = self._specs()
         self.builder = fill.builder(specs, device, num_tokens, num_reqs) if fill is not None else None
         if self.builder is None:
@@ -173,7 +175,6 @@ class MixedStepInputs:
 
     def _specs(self) -> dict:
         self._fla_spec = tables.Fla(self.chunk_size, rows="batch", fresh_cu_seqlens=False)
-        self._conv_spec = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
         return {"fla": self._fla_spec, "conv": self._conv_spec}
 
     def _chunk_capacity(self) -> int:
@@ -361,7 +362,6 @@ class Mamba2StepInputs(MixedStepInputs):
 
     def _specs(self) -> dict:
         self.ssd_spec = tables.Mamba2(self.chunk_size, checkpoints=self.checkpoints, seq_idx_pad=0)
-        self._conv_spec = tables.Conv(rows="batch", block_m=CONV_BLOCK_M)
         return {"ssd": self.ssd_spec, "conv": self._conv_spec}
 
     def _chunk_capacity(self) -> int:
